@@ -1,0 +1,33 @@
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup test test-fast lint demo bench clean
+
+# Creates .venv and installs the project, its test tools and the CPU build of vLLM (pinned).
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip wheel
+	$(BIN)/pip install -e '.[dev,vllm]'
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU; text models need none.
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec || true
+	$(BIN)/python -c "import vllm, zmq, msgspec; print('vllm', vllm.__version__)"
+
+# Runs every test, the real-vLLM ones included. pytest's exit code 5 (no tests collected) is a failure.
+test:
+	$(BIN)/python -m pytest
+
+# Everything except the real-engine tests.
+test-fast:
+	$(BIN)/python -m pytest -m "not vllm"
+
+lint:
+	$(BIN)/ruff check planner worker_shim perf_model tests
+	$(BIN)/ruff format --check planner worker_shim perf_model tests
+	$(BIN)/mypy
+
+demo:
+	$(BIN)/fpm-planner demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

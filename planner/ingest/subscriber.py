@@ -1,0 +1,199 @@
+"""FPM subscriber: the I/O shell in front of :class:`~planner.ingest.store.FleetStore`.
+
+One ZMQ SUB socket per discovered endpoint (so every message is attributed to the endpoint it came from), all
+polled by one thread. Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket
+for disconnects. Ready sockets are drained in batches; the store is updated under a lock that readers
+(:meth:`FpmSubscriber.snapshot`) share. Nothing raises out of the receive loop: a failure is counted in
+:attr:`FpmSubscriber.loop_errors` and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from planner.discovery import WorkerRecord
+from planner.ingest.store import FleetSnapshot, FleetStore
+
+__all__ = ["FpmSubscriber"]
+
+log = logging.getLogger(__name__)
+
+_BATCH = 256  # messages drained from one socket before moving to the next ready one
+
+
+class FpmSubscriber:
+    """Connects to the FPM endpoints of the discovered workers and feeds a :class:`FleetStore`."""
+
+    def __init__(
+        self,
+        store: FleetStore,
+        *,
+        max_msg_bytes: int = 64 * 1024,
+        rcvhwm: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.store = store
+        self.max_msg_bytes = max_msg_bytes
+        self.rcvhwm = rcvhwm
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.loop_errors = 0
+        self.received = 0
+        self._ctx = context or zmq.Context.instance()
+        self._ctx.setsockopt(zmq.LINGER, 0)
+        self._sockets: dict[str, zmq.Socket[bytes]] = {}
+        self._monitors: dict[zmq.Socket[bytes], str] = {}
+        self._endpoint_of: dict[zmq.Socket[bytes], str] = {}
+        self._poller = zmq.Poller()
+        self._pending_workers: Mapping[str, WorkerRecord] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- discovery -------------------------------------------------------------------------------------------
+
+    def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
+        """Follow discovery: connect to new endpoints, disconnect departed ones, forget departed workers.
+
+        Safe from any thread: the store is updated now (so departed workers' samples drop at once); sockets are
+        changed by the receive thread (or now, when no thread runs)."""
+        with self.lock:
+            self.store.set_workers(workers)
+            self._pending_workers = workers
+        if self._thread is None:
+            self._apply_endpoints()
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(self._sockets)
+
+    def _apply_endpoints(self) -> None:
+        with self.lock:
+            workers, self._pending_workers = self._pending_workers, None
+        if workers is None:
+            return
+        wanted = {e for record in workers.values() for e in record.fpm_endpoints}
+        for endpoint in [e for e in self._sockets if e not in wanted]:
+            self._close(endpoint)
+        for endpoint in wanted - self._sockets.keys():
+            self._open(endpoint)
+
+    def _open(self, endpoint: str) -> None:
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)
+        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            log.warning("cannot connect to FPM endpoint %s: %s", endpoint, exc)
+            sock.disable_monitor()
+            monitor.close()
+            sock.close()
+            return
+        self._sockets[endpoint] = sock
+        self._endpoint_of[sock] = endpoint
+        self._monitors[monitor] = endpoint
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(monitor, zmq.POLLIN)
+
+    def _close(self, endpoint: str) -> None:
+        sock = self._sockets.pop(endpoint)
+        del self._endpoint_of[sock]
+        monitor = next(m for m, e in self._monitors.items() if e == endpoint)
+        del self._monitors[monitor]
+        self._poller.unregister(sock)
+        self._poller.unregister(monitor)
+        sock.disable_monitor()
+        monitor.close()
+        sock.close()
+
+    # -- receive ---------------------------------------------------------------------------------------------
+
+    def poll_once(self, timeout_ms: int = 100) -> int:
+        """Wait up to ``timeout_ms`` and ingest whatever is ready; returns the number of messages received."""
+        if self._pending_workers is not None:
+            self._apply_endpoints()
+        received = 0
+        try:
+            ready = self._poller.poll(timeout_ms)
+        except zmq.ZMQError as exc:
+            self.loop_errors += 1
+            log.warning("FPM poll failed: %s", exc)
+            return 0
+        for sock, _ in ready:
+            try:
+                monitored = self._monitors.get(sock)
+                if monitored is not None:
+                    self._drain_monitor(sock, monitored)
+                else:
+                    received += self._drain(sock, self._endpoint_of[sock])
+            except Exception:  # the loop must survive anything one socket does
+                self.loop_errors += 1
+                log.exception("FPM receive failed")
+        self.received += received
+        return received
+
+    def _drain(self, sock: zmq.Socket[bytes], endpoint: str) -> int:
+        batch: list[list[bytes]] = []
+        recv = sock.recv_multipart
+        try:
+            for _ in range(_BATCH):
+                batch.append(recv(zmq.NOBLOCK))
+        except zmq.Again:
+            pass
+        if batch:
+            received_at = self.clock()
+            ingest = self.store.ingest_frames
+            with self.lock:
+                for parts in batch:
+                    ingest(endpoint, parts, received_at, received_at)
+        return len(batch)
+
+    def _drain_monitor(self, monitor: zmq.Socket[bytes], endpoint: str) -> None:
+        while True:
+            try:
+                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                with self.lock:
+                    self.store.note_disconnect(endpoint)
+
+    # -- thread ----------------------------------------------------------------------------------------------
+
+    def start(self) -> FpmSubscriber:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="fpm-subscriber", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once(50)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(5.0)
+            self._thread = None
+        for endpoint in list(self._sockets):
+            self._close(endpoint)
+
+    def __enter__(self) -> FpmSubscriber:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def snapshot(self, now: float) -> FleetSnapshot:
+        with self.lock:
+            return self.store.snapshot(now)

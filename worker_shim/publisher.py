@@ -1,0 +1,221 @@
+"""FPM publisher: a ZMQ PUB socket fed from a bounded queue by a background thread.
+
+The engine's step loop calls :meth:`FpmPublisher.publish`, which never blocks: when the queue is full the sample
+is dropped and counted. The thread assigns ``counter_id`` (one sequence for samples and heartbeats), stamps the
+*current* worker id (so :meth:`FpmPublisher.set_worker_id` applies to step samples and heartbeats alike), and
+sends an idle heartbeat when nothing was sent for ``heartbeat_interval_s``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import msgspec
+import zmq
+
+from worker_shim import fpm
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+__all__ = ["DEFAULT_PORT_BASE", "FpmPublisher", "PublisherStats", "bind_endpoint"]
+
+DEFAULT_PORT_BASE = 20380
+_STOP = object()
+
+
+def bind_endpoint(dp_rank: int, *, host: str = "*", base_port: int = DEFAULT_PORT_BASE,
+                  ipc_path: str | None = None) -> str:
+    """The endpoint a rank binds: ``tcp://{host}:{base_port + dp_rank}``, or ``ipc://{ipc_path}``."""
+    if ipc_path is not None:
+        return f"ipc://{ipc_path}"
+    if dp_rank < 0:
+        raise ValueError(f"dp_rank must be >= 0, got {dp_rank}")
+    return f"tcp://{host}:{base_port + dp_rank}"
+
+
+class PublisherStats(msgspec.Struct, frozen=True, kw_only=True):
+    sent: int
+    heartbeats: int
+    dropped_queue_full: int
+    dropped_send: int
+    counter_id: int
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_queue_full + self.dropped_send
+
+
+class FpmPublisher:
+    """Publishes FPM samples of one DP rank.
+
+    Use as a context manager or call :meth:`start` / :meth:`close`. ``endpoint`` overrides the default
+    ``tcp://{host}:{base_port + dp_rank}``.
+    """
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        dp_rank: int = 0,
+        host: str = "*",
+        base_port: int = DEFAULT_PORT_BASE,
+        endpoint: str | None = None,
+        heartbeat_interval_s: float = 1.0,
+        queue_size: int = 8192,
+        topic: bytes = b"",
+        sndhwm: int = 100_000,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        if heartbeat_interval_s <= 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        self.dp_rank = dp_rank
+        self.endpoint = endpoint or bind_endpoint(dp_rank, host=host, base_port=base_port)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.topic = topic
+        self._worker_id = worker_id
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queue_size = queue_size
+        self._pending = 0  # approximate queue depth; SimpleQueue has no bound of its own
+        self._lock = threading.Lock()
+        self._ctx = context or zmq.Context.instance()
+        self._sndhwm = sndhwm
+        self._socket: zmq.Socket[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._sent = 0
+        self._heartbeats = 0
+        self._dropped_queue_full = 0
+        self._dropped_send = 0
+        self._counter = 0
+        self.bound_endpoint: str | None = None
+
+    # -- identity --------------------------------------------------------------------------------------------
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    def set_worker_id(self, worker_id: str) -> None:
+        """Publish every following message (step samples and heartbeats) under ``worker_id``."""
+        self._worker_id = worker_id
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> FpmPublisher:
+        """Bind and start the sending thread; raises if the endpoint cannot be bound."""
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._run, name=f"fpm-publisher-{self.dp_rank}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread = None
+            raise RuntimeError(f"FPM publisher cannot bind {self.endpoint}: {self._error}") from self._error
+        return self
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued, then stop the thread and close the socket."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+        self._thread = None
+
+    def __enter__(self) -> FpmPublisher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the engine's side -----------------------------------------------------------------------------------
+
+    def publish(self, wall_time: float, scheduled: ScheduledRequests, queued: QueuedRequests) -> bool:
+        """Queue one step sample; never blocks. Returns False (and counts it) when the queue is full."""
+        with self._lock:
+            if self._pending >= self._queue_size or self._thread is None:
+                self._dropped_queue_full += 1
+                return False
+            self._pending += 1
+        self._queue.put((wall_time, scheduled, queued))
+        return True
+
+    def stats(self) -> PublisherStats:
+        with self._lock:
+            return PublisherStats(
+                sent=self._sent,
+                heartbeats=self._heartbeats,
+                dropped_queue_full=self._dropped_queue_full,
+                dropped_send=self._dropped_send,
+                counter_id=self._counter,
+            )
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the queue is empty (for tests and clean shutdown); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._pending == 0:
+                    return True
+            time.sleep(0.001)
+        return False
+
+    # -- the thread ------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            sock = self._ctx.socket(zmq.PUB)
+            sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+            sock.setsockopt(zmq.LINGER, 500)
+            sock.bind(self.endpoint)
+            self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._socket = sock
+        self._ready.set()
+        get = self._queue.get
+        next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+        try:
+            while True:
+                try:
+                    item = get(timeout=max(0.0, next_heartbeat - time.monotonic()))
+                except queue.Empty:
+                    self._send(sock, fpm.heartbeat(self._worker_id, self.dp_rank, self._counter), heartbeat=True)
+                    next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+                    continue
+                if item is _STOP:
+                    break
+                wall_time, scheduled, queued = item  # type: ignore[misc]
+                sample = ForwardPassMetrics(
+                    worker_id=self._worker_id,
+                    dp_rank=self.dp_rank,
+                    counter_id=self._counter,
+                    wall_time=wall_time,
+                    scheduled_requests=scheduled,
+                    queued_requests=queued,
+                )
+                with self._lock:
+                    self._pending -= 1
+                self._send(sock, sample, heartbeat=False)
+                next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+        finally:
+            sock.close()
+            self._socket = None
+
+    def _send(self, sock: zmq.Socket[bytes], sample: ForwardPassMetrics, *, heartbeat: bool) -> None:
+        self._counter += 1
+        try:
+            sock.send_multipart(fpm.frames(sample, self.topic), flags=zmq.NOBLOCK, copy=True)
+        except zmq.ZMQError:
+            with self._lock:
+                self._dropped_send += 1
+            return
+        with self._lock:
+            self._sent += 1
+            if heartbeat:
+                self._heartbeats += 1
