@@ -1,0 +1,306 @@
+"""Typed configuration of the decision core, per role, with Kubernetes HPA defaults; validated when built.
+
+Every struct is frozen and validates itself in ``__post_init__``: constructing one with a bad value raises
+:class:`CoreConfigError` (a :class:`planner.errors.ConfigError`) naming the field. :func:`load_config` builds
+a :class:`CoreConfig` from plain data (YAML / JSON) and reports unknown fields and type errors the same way.
+
+Bounds (min/max per role, GPU budget) change at run time (``PATCH /v1/bounds``): the caller builds a new
+config with :meth:`CoreConfig.with_bounds` and passes it to the next :func:`planner.core.step` call;
+nothing is cached between ticks except :class:`planner.core.CoreState`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from planner.core.decision import Mode
+from planner.discovery import Role
+from planner.errors import ConfigError
+
+__all__ = [
+    "Bounds",
+    "CoreConfig",
+    "CoreConfigError",
+    "ForecastConfig",
+    "ForecastMethod",
+    "PolicyKind",
+    "RoleBounds",
+    "RoleConfig",
+    "ScaleRules",
+    "ScalingPolicy",
+    "SelectPolicy",
+    "SlaTargets",
+    "ThresholdConfig",
+    "load_config",
+]
+
+
+class CoreConfigError(ConfigError, ValueError):
+    """A decision-core setting that does not validate. Also a ``ValueError`` so that msgspec, while decoding,
+    turns it into a ``ValidationError`` carrying the field path."""
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise CoreConfigError(message)
+
+
+def _finite_nonneg(name: str, value: float) -> None:
+    _need(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0, got {value!r}")
+
+
+class PolicyKind(enum.StrEnum):
+    PERCENT = "percent"  # change by at most value% of the replicas at the start of the period
+    REPLICAS = "replicas"  # change by at most value replicas per period
+
+
+class SelectPolicy(enum.StrEnum):
+    MAX = "max"  # the policy allowing the largest change wins (HPA default)
+    MIN = "min"  # the policy allowing the smallest change wins
+    DISABLED = "disabled"  # no change in this direction at all
+
+
+class ScalingPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One HPA scaling policy: at most ``value`` (percent or replicas) per ``period_s``."""
+
+    kind: PolicyKind
+    value: float
+    period_s: float
+
+    def __post_init__(self) -> None:
+        _need(math.isfinite(self.value) and self.value > 0, f"policy value must be > 0, got {self.value!r}")
+        _need(
+            math.isfinite(self.period_s) and self.period_s > 0, f"period_s must be > 0, got {self.period_s!r}"
+        )
+
+
+class ScaleRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """HPA ``behavior.scaleUp`` / ``scaleDown``: a stabilization window in seconds and rate-limit policies."""
+
+    stabilization_window_s: float
+    policies: tuple[ScalingPolicy, ...]
+    select: SelectPolicy = SelectPolicy.MAX
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("stabilization_window_s", self.stabilization_window_s)
+        _need(
+            bool(self.policies) or self.select == SelectPolicy.DISABLED,
+            "policies must not be empty (use select: disabled to forbid scaling in this direction)",
+        )
+
+
+def _default_scale_up() -> ScaleRules:
+    # HPA default: max(+100%, +4 pods) per 15 s, no stabilization.
+    return ScaleRules(
+        stabilization_window_s=0.0,
+        policies=(
+            ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),
+            ScalingPolicy(kind=PolicyKind.REPLICAS, value=4.0, period_s=15.0),
+        ),
+    )
+
+
+def _default_scale_down() -> ScaleRules:
+    # HPA default: 100% per 15 s, stabilization over the last 300 s.
+    return ScaleRules(
+        stabilization_window_s=300.0,
+        policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),),
+    )
+
+
+class SlaTargets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Latency targets of SLA mode. Prefill checks TTFT, decode ITL, aggregated both."""
+
+    ttft_ms: float = 500.0
+    itl_ms: float = 50.0
+
+    def __post_init__(self) -> None:
+        _need(math.isfinite(self.ttft_ms) and self.ttft_ms > 0, f"ttft_ms must be > 0, got {self.ttft_ms!r}")
+        _need(math.isfinite(self.itl_ms) and self.itl_ms > 0, f"itl_ms must be > 0, got {self.itl_ms!r}")
+
+
+class ThresholdConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Threshold mode (no perf model): per-engine (per DP rank) load against targets, HPA's ratio rule
+    ``desired = ceil(current * observed / target)`` per metric, the largest wins. See docs/decision_core.md.
+
+    - ``queued_prefill_tokens_per_engine``: queued (not yet scheduled) prefill tokens per engine.
+      (prefill, agg)
+    - ``prefill_budget_frac``: prefill tokens computed per step / ``max_num_batched_tokens``. (prefill, agg)
+    - ``kv_usage_frac``: decode KV tokens / ``kv_capacity_tokens`` (skipped when the capacity is unknown).
+      (decode, agg)
+    - ``decode_seq_frac``: running decode requests / ``max_num_seqs``. (decode, agg)
+    - ``queued_decode_requests_per_engine``: preempted or KV-waiting decode requests per engine. (decode, agg)
+    - ``tolerance_frac``: no change while every ratio is within 1 +/- tolerance (HPA: 0.1).
+    """
+
+    queued_prefill_tokens_per_engine: float = 2048.0
+    prefill_budget_frac: float = 0.8
+    kv_usage_frac: float = 0.75
+    decode_seq_frac: float = 0.8
+    queued_decode_requests_per_engine: float = 1.0
+    tolerance_frac: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in (
+            "queued_prefill_tokens_per_engine",
+            "prefill_budget_frac",
+            "kv_usage_frac",
+            "decode_seq_frac",
+            "queued_decode_requests_per_engine",
+        ):
+            value = getattr(self, name)
+            _need(math.isfinite(value) and value > 0, f"threshold.{name} must be > 0, got {value!r}")
+        _need(0 <= self.tolerance_frac < 1, f"tolerance_frac must be in [0, 1), got {self.tolerance_frac!r}")
+
+
+class ForecastMethod(enum.StrEnum):
+    NONE = "none"  # no predictive floor
+    CONSTANT = "constant"  # next interval = the latest rate
+    LINEAR = "linear"  # least-squares trend over the history window, extrapolated by horizon_s
+    HOLT = "holt"  # Holt's double exponential smoothing (level + trend)
+    KALMAN = "kalman"  # local linear trend Kalman filter (level + slope)
+
+
+class ForecastConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Predictive floor: forecast the request rate ``horizon_s`` ahead; floor = ceil(rate / capacity).
+
+    ``replica_capacity_rps``: requests per second one replica serves at the SLA; None derives it each tick
+    from the load-based recommendation (current rate / recommended replicas).
+    """
+
+    method: ForecastMethod = ForecastMethod.NONE
+    horizon_s: float = 60.0
+    history_s: float = 600.0
+    alpha: float = 0.5  # Holt level smoothing
+    beta: float = 0.3  # Holt trend smoothing
+    process_noise: float = 0.01  # Kalman: relative process noise of level and slope
+    measurement_noise: float = 0.1  # Kalman: relative measurement noise
+    replica_capacity_rps: float | None = None
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("forecast.horizon_s", self.horizon_s)
+        _need(math.isfinite(self.history_s) and self.history_s > 0, "forecast.history_s must be > 0")
+        _need(0 < self.alpha <= 1 and 0 <= self.beta <= 1, "forecast.alpha must be in (0, 1], beta in [0, 1]")
+        _need(
+            math.isfinite(self.process_noise) and self.process_noise > 0, "forecast.process_noise must be > 0"
+        )
+        _need(
+            math.isfinite(self.measurement_noise) and self.measurement_noise > 0,
+            "forecast.measurement_noise must be > 0",
+        )
+        if self.replica_capacity_rps is not None:
+            _need(
+                math.isfinite(self.replica_capacity_rps) and self.replica_capacity_rps > 0,
+                "forecast.replica_capacity_rps must be > 0",
+            )
+
+
+class RoleBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Replica bounds of one role (what ``/v1/bounds`` reads and replaces)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 64
+
+    def __post_init__(self) -> None:
+        _need(
+            0 <= self.min_replicas <= self.max_replicas,
+            f"need 0 <= min_replicas <= max_replicas, got [{self.min_replicas}, {self.max_replicas}]",
+        )
+
+
+class Bounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Bounds of every role plus the GPU budget (``max_total_gpus``; None = unlimited)."""
+
+    roles: dict[Role, RoleBounds] = msgspec.field(default_factory=dict)
+    max_total_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        _need(
+            self.max_total_gpus is None or self.max_total_gpus >= 0,
+            f"max_total_gpus must be >= 0, got {self.max_total_gpus!r}",
+        )
+
+
+class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything one role's decision needs apart from the observation."""
+
+    min_replicas: int = 1
+    max_replicas: int = 64
+    gpus_per_replica: int = 1
+    mode: Mode = Mode.AUTO
+    service: str | None = None  # deployment service when no worker of the role is discovered
+    sla: SlaTargets = msgspec.field(default_factory=SlaTargets)
+    threshold: ThresholdConfig = msgspec.field(default_factory=ThresholdConfig)
+    forecast: ForecastConfig = msgspec.field(default_factory=ForecastConfig)
+    scale_up: ScaleRules = msgspec.field(default_factory=_default_scale_up)
+    scale_down: ScaleRules = msgspec.field(default_factory=_default_scale_down)
+    # A target the pods have not reached after this long is reported as target_not_reached.
+    pending_timeout_s: float = 300.0
+    # SLA mode: predictions must be at most (1 - headroom_frac) x target, on top of the model's upper band.
+    headroom_frac: float = 0.0
+
+    def __post_init__(self) -> None:
+        _need(
+            0 <= self.min_replicas <= self.max_replicas,
+            f"need 0 <= min_replicas <= max_replicas, got [{self.min_replicas}, {self.max_replicas}]",
+        )
+        _need(self.gpus_per_replica >= 0, f"gpus_per_replica must be >= 0, got {self.gpus_per_replica}")
+        _finite_nonneg("pending_timeout_s", self.pending_timeout_s)
+        _need(0 <= self.headroom_frac < 1, f"headroom_frac must be in [0, 1), got {self.headroom_frac!r}")
+
+    @property
+    def bounds(self) -> RoleBounds:
+        return RoleBounds(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
+
+
+def _default_roles() -> dict[Role, RoleConfig]:
+    return {role: RoleConfig() for role in Role}
+
+
+class CoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The decision core's configuration: one :class:`RoleConfig` per role and the fleet-wide GPU budget."""
+
+    roles: dict[Role, RoleConfig] = msgspec.field(default_factory=_default_roles)
+    max_total_gpus: int | None = None  # GPU budget over every role; None = unlimited
+
+    def __post_init__(self) -> None:
+        _need(
+            self.max_total_gpus is None or self.max_total_gpus >= 0,
+            f"max_total_gpus must be >= 0, got {self.max_total_gpus!r}",
+        )
+        # Roles left out get the defaults (the struct is frozen; its dict is ours to complete).
+        for role in Role:
+            self.roles.setdefault(role, RoleConfig())
+
+    def role(self, role: Role) -> RoleConfig:
+        return self.roles.get(role) or RoleConfig()
+
+    def bounds(self) -> Bounds:
+        """The run-time adjustable part: min/max per role and the GPU budget."""
+        return Bounds(
+            roles={role: rc.bounds for role, rc in self.roles.items()}, max_total_gpus=self.max_total_gpus
+        )
+
+    def with_bounds(self, bounds: Bounds) -> CoreConfig:
+        """A new config with ``bounds`` applied (roles ``bounds`` does not name keep theirs). Raises
+        :class:`CoreConfigError` when a role's new bounds do not validate."""
+        roles = dict(self.roles)
+        for role, rb in bounds.roles.items():
+            roles[role] = msgspec.structs.replace(
+                roles.get(role) or RoleConfig(), min_replicas=rb.min_replicas, max_replicas=rb.max_replicas
+            )
+        return CoreConfig(roles=roles, max_total_gpus=bounds.max_total_gpus)
+
+
+def load_config(data: Mapping[str, Any]) -> CoreConfig:
+    """Build a :class:`CoreConfig` from plain data; raises :class:`CoreConfigError` naming the field (unknown
+    fields included)."""
+    try:
+        return msgspec.convert(dict(data), CoreConfig)
+    except msgspec.ValidationError as exc:
+        raise CoreConfigError(f"invalid decision-core config: {exc}") from exc

@@ -1,0 +1,123 @@
+"""Request-rate forecasting for the predictive floor: constant, linear trend, Holt, Kalman. Pure functions of
+a frozen :class:`ForecastState` and the new observation; time comes in as ``now``.
+
+Every forecast is finite and >= 0. Irregular tick spacing is handled: Holt's trend and the Kalman slope are
+per second, not per tick.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from planner.core.config import ForecastConfig, ForecastMethod
+
+__all__ = ["ForecastState", "forecast_rate", "update_forecast"]
+
+
+class ForecastState(msgspec.Struct, frozen=True, kw_only=True):
+    """History and filter state of one service's request-rate forecast."""
+
+    history: tuple[tuple[float, float], ...] = ()  # (at, rate_per_s), within history_s
+    last_at: float | None = None
+    holt_level: float = 0.0
+    holt_trend_per_s: float = 0.0
+    kalman_level: float = 0.0
+    kalman_slope_per_s: float = 0.0
+    kalman_p: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 1.0)  # covariance, row-major
+
+
+def update_forecast(
+    state: ForecastState, rate_per_s: float, now: float, config: ForecastConfig
+) -> ForecastState:
+    """Fold one rate observation at ``now`` into ``state``. A non-finite or negative rate, or a ``now`` not
+    after the last update, leaves the state unchanged."""
+    if not math.isfinite(rate_per_s) or rate_per_s < 0:
+        return state
+    if state.last_at is not None and now <= state.last_at:
+        return state
+    cutoff = now - config.history_s
+    history = (*tuple(item for item in state.history if item[0] > cutoff), (now, rate_per_s))
+    if state.last_at is None:
+        return ForecastState(
+            history=history,
+            last_at=now,
+            holt_level=rate_per_s,
+            holt_trend_per_s=0.0,
+            kalman_level=rate_per_s,
+            kalman_slope_per_s=0.0,
+            kalman_p=(max(rate_per_s, 1.0) ** 2, 0.0, 0.0, 1.0),
+        )
+    dt = now - state.last_at
+    # Holt's linear method with a per-second trend.
+    predicted = state.holt_level + state.holt_trend_per_s * dt
+    level = config.alpha * rate_per_s + (1 - config.alpha) * predicted
+    trend = config.beta * (level - state.holt_level) / dt + (1 - config.beta) * state.holt_trend_per_s
+    # Local linear trend Kalman filter: x = [level, slope], F = [[1, dt], [0, 1]], H = [1, 0].
+    lvl, slope = state.kalman_level, state.kalman_slope_per_s
+    p00, p01, p10, p11 = state.kalman_p
+    scale = max(abs(lvl), abs(rate_per_s), 1.0)
+    q = config.process_noise * scale * scale  # white-noise acceleration intensity (relative to the rate)
+    r = config.measurement_noise * scale * scale
+    x0 = lvl + slope * dt
+    x1 = slope
+    a00 = p00 + dt * (p10 + p01) + dt * dt * p11 + q * dt**3 / 3
+    a01 = p01 + dt * p11 + q * dt * dt / 2
+    a10 = p10 + dt * p11 + q * dt * dt / 2
+    a11 = p11 + q * dt
+    s = a00 + r
+    k0 = a00 / s
+    k1 = a10 / s
+    innovation = rate_per_s - x0
+    x0 += k0 * innovation
+    x1 += k1 * innovation
+    p_new = (
+        (1 - k0) * a00,
+        (1 - k0) * a01,
+        a10 - k1 * a00,
+        a11 - k1 * a01,
+    )
+    if not all(math.isfinite(v) for v in (level, trend, x0, x1, *p_new)):
+        # Numerically lost: restart from the observation rather than carry NaN forward.
+        return ForecastState(history=history, last_at=now, holt_level=rate_per_s, kalman_level=rate_per_s)
+    return ForecastState(
+        history=history,
+        last_at=now,
+        holt_level=level,
+        holt_trend_per_s=trend,
+        kalman_level=x0,
+        kalman_slope_per_s=x1,
+        kalman_p=p_new,
+    )
+
+
+def _linear(history: tuple[tuple[float, float], ...], at: float) -> float:
+    n = len(history)
+    if n < 2:
+        return history[-1][1]
+    mean_t = sum(t for t, _ in history) / n
+    mean_r = sum(r for _, r in history) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in history)
+    if var_t <= 0:
+        return mean_r
+    slope = sum((t - mean_t) * (r - mean_r) for t, r in history) / var_t
+    return mean_r + slope * (at - mean_t)
+
+
+def forecast_rate(state: ForecastState, config: ForecastConfig) -> float | None:
+    """The request rate expected ``horizon_s`` after the last update, or None without data / method."""
+    if config.method == ForecastMethod.NONE or state.last_at is None or not state.history:
+        return None
+    horizon = config.horizon_s
+    if config.method == ForecastMethod.CONSTANT:
+        value = state.history[-1][1]
+    elif config.method == ForecastMethod.LINEAR:
+        value = _linear(state.history, state.last_at + horizon)
+    elif config.method == ForecastMethod.HOLT:
+        value = state.holt_level + state.holt_trend_per_s * horizon
+    else:
+        value = state.kalman_level + state.kalman_slope_per_s * horizon
+    if not math.isfinite(value):
+        return None
+    return max(0.0, value)

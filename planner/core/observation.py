@@ -1,0 +1,113 @@
+"""What one tick observes: discovered workers, a FleetStore snapshot, each deployment's status and,
+optionally, traffic. :class:`Observation` is a thin frozen wrapper: building one costs nothing beyond the
+snapshot itself, so a simulator can build one every tick::
+
+    obs = Observation(
+        workers=discovery.workers(now),                 # Mapping[worker_id, WorkerRecord]
+        fleet=store.snapshot(now),                      # FleetSnapshot
+        deployments={"decode": DeploymentStatus(service="decode", desired=4, ready=4)},
+        traffic={Role.DECODE: Traffic(request_rate_per_s=12.0, isl_tokens=1000, osl_tokens=200)},
+    )
+
+Deployments are keyed by service name (the ``service`` of the workers of that role, see
+:class:`planner.discovery.WorkerRecord`); :meth:`DeploymentStatus.from_service_status` converts the
+actuator's :class:`planner.actuators.base.ServiceStatus`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import msgspec
+
+from planner.actuators.base import ServiceStatus
+from planner.discovery import Role, WorkerRecord
+from planner.ingest.store import FleetSnapshot
+
+__all__ = ["DeploymentStatus", "Observation", "RoleLoad", "Traffic"]
+
+
+class DeploymentStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A deployment's replica counts as its actuator reports them.
+
+    ``desired``: the count last written (spec). ``ready``: pods passing readiness. ``available``: ready long
+    enough to serve (None = same as ready). ``updated``: at the current revision (None = not reported).
+    ``action_in_flight``: the actuator knows a scale it issued has not settled (the core also treats
+    ``ready < desired`` as in flight). ``not_ready_workers``: worker ids the deployment reports not ready
+    (e.g. from a pod watch), classified ``not_ready`` rather than silent.
+    """
+
+    service: str
+    desired: int
+    ready: int
+    available: int | None = None
+    updated: int | None = None
+    action_in_flight: bool = False
+    not_ready_workers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_service_status(
+        cls, status: ServiceStatus, *, action_in_flight: bool = False, not_ready_workers: tuple[str, ...] = ()
+    ) -> DeploymentStatus:
+        return cls(
+            service=status.service,
+            desired=status.desired,
+            ready=status.ready,
+            available=status.available,
+            updated=status.updated,
+            action_in_flight=action_in_flight,
+            not_ready_workers=not_ready_workers,
+        )
+
+    @property
+    def in_flight(self) -> bool:
+        """An earlier action has not settled: flagged by the actuator, or fewer ready than desired."""
+        return self.action_in_flight or self.ready < self.desired
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+class Traffic(msgspec.Struct, frozen=True, kw_only=True):
+    """Request traffic into a role, when the caller knows it (router, gateway metrics, a replayed trace).
+    Non-finite or negative values are treated as unknown."""
+
+    request_rate_per_s: float | None = None
+    isl_tokens: float | None = None  # mean input sequence length
+    osl_tokens: float | None = None  # mean output sequence length
+
+    def clean(self) -> Traffic:
+        return Traffic(
+            request_rate_per_s=_finite_or_none(self.request_rate_per_s),
+            isl_tokens=_finite_or_none(self.isl_tokens),
+            osl_tokens=_finite_or_none(self.osl_tokens),
+        )
+
+
+class RoleLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """A role's load summed over its engines. Reconcile measures it from FPM; ``/v1/what-if`` may give it
+    instead (``Observation.load_override``)."""
+
+    queued_prefill_tokens: float = 0.0
+    scheduled_prefill_tokens: float = 0.0
+    decode_requests: float = 0.0
+    queued_decode_requests: float = 0.0
+    decode_kv_tokens: float = 0.0
+
+
+class Observation(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything :func:`planner.core.step` reads at one tick.
+
+    ``workers``: discovered workers by id (the set the FleetStore was given). ``fleet``: the store's snapshot.
+    ``deployments``: status by service name (a service missing here: ``deployment_status_missing``, no
+    scale-down). ``traffic``: optional, per role. ``load_override``: what-if only, replaces the measured load
+    of a role.
+    """
+
+    workers: Mapping[str, WorkerRecord]
+    fleet: FleetSnapshot
+    deployments: Mapping[str, DeploymentStatus] = msgspec.field(default_factory=dict)
+    traffic: Mapping[Role, Traffic] = msgspec.field(default_factory=dict)
+    load_override: Mapping[Role, RoleLoad] = msgspec.field(default_factory=dict)

@@ -1,0 +1,36 @@
+"""The decision core's memory between ticks: a frozen :class:`CoreState` returned by every
+:func:`planner.core.step` and passed back into the next one. Nothing else is kept between ticks.
+
+Time-based, not tick-based: every entry carries the ``now`` it was recorded at, and windows are in seconds.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from planner.core.forecast import ForecastState
+
+__all__ = ["CoreState", "ServiceState"]
+
+
+class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
+    """One service's memory."""
+
+    # (at, recommendation after bounds): what the stabilization windows look back over.
+    recommendations: tuple[tuple[float, int], ...] = ()
+    # (at, replica change the decision asked for): what the rate-limit periods count.
+    scale_events: tuple[tuple[float, int], ...] = ()
+    # Since when every ready replica and rank has been covered without a break (None: not covered now).
+    coverage_complete_since: float | None = None
+    # Since when the deployment has had an action in flight (None: settled).
+    in_flight_since: float | None = None
+    forecast: ForecastState = msgspec.field(default_factory=ForecastState)
+
+
+class CoreState(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole core's memory. Start with ``CoreState()``; the first step records ``started_at``."""
+
+    tick: int = 0
+    started_at: float | None = None
+    last_now: float | None = None
+    services: dict[str, ServiceState] = msgspec.field(default_factory=dict)
