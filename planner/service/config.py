@@ -1,0 +1,187 @@
+"""Service configuration: a YAML file, then the environment on top, validated when loaded.
+
+Every error is a :class:`~planner.errors.ConfigError` whose message names the source (file or variable) and
+the field, e.g. ``planner.yaml: tick_interval_s: expected float > 0.0, got -1`` or
+``FPM_PLANNER_PORT: expected an integer, got 'abc'``. Nothing here reads the environment by itself: the
+caller passes it in as a mapping.
+
+Environment variables (each overrides the file):
+
+=================================  =======================================
+``FPM_PLANNER_TOKEN``              bearer token for mutating endpoints
+``FPM_PLANNER_HOST``               ``http.host``
+``FPM_PLANNER_PORT``               ``http.port``
+``FPM_PLANNER_TICK_INTERVAL_S``    ``tick_interval_s``
+``FPM_PLANNER_WORKERS_FILE``       ``discovery.static_file``
+``FPM_PLANNER_ACTUATOR``           ``actuator.kind``
+=================================  =======================================
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+
+from planner.errors import ConfigError
+
+__all__ = [
+    "ENV_VARS",
+    "ActuatorConfig",
+    "ActuatorKind",
+    "DiscoveryConfig",
+    "HistoryConfig",
+    "HttpConfig",
+    "IngestConfig",
+    "ServiceConfig",
+    "load_config",
+]
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+
+
+class ActuatorKind(enum.StrEnum):
+    ADVISORY = "advisory"  # decide and record, never write
+    LOCAL = "local"  # a simulated fleet in this process (demo)
+    KUBERNETES = "kubernetes"  # planner.actuators.kubernetes
+
+
+class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: Port = 8080
+
+
+class DiscoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    registration: bool = True  # the PUT /v1/workers API
+    default_ttl_s: PositiveFloat = 30.0
+    max_ttl_s: PositiveFloat = 3600.0
+    static_file: str | None = None  # a YAML workers file (planner.discovery.StaticFileDiscovery)
+    refresh_interval_s: PositiveFloat = 1.0  # how often leases are expired and the subscriber follows
+
+
+class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    ttl_s: PositiveFloat = 10.0
+    window_size: PositiveInt = 256
+    max_msg_bytes: PositiveInt = 64 * 1024
+
+
+class HistoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_decisions: PositiveInt = 5000  # decision records kept (one per role per tick)
+    max_outcomes: PositiveInt = 1000  # actuator outcomes kept
+    max_errors: PositiveInt = 50  # recent actuator errors shown in diagnostics
+
+
+class ActuatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    kind: ActuatorKind = ActuatorKind.ADVISORY
+    options: dict[str, Any] = {}  # passed to the actuator's factory
+
+
+class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    http: HttpConfig = HttpConfig()
+    tick_interval_s: PositiveFloat = 5.0
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    ingest: IngestConfig = IngestConfig()
+    history: HistoryConfig = HistoryConfig()
+    actuator: ActuatorConfig = ActuatorConfig()
+    services: dict[str, str] = {}  # role -> the deployment's service name (default: the role's name)
+    core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
+    auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused
+
+    def __post_init__(self) -> None:
+        if self.discovery.max_ttl_s < self.discovery.default_ttl_s:
+            raise ValueError("discovery.max_ttl_s must be >= discovery.default_ttl_s")
+        roles = {"prefill", "decode", "agg"}
+        for role in self.services:
+            if role not in roles:
+                raise ValueError(f"services: unknown role {role!r} (expected one of agg, decode, prefill)")
+
+
+ENV_VARS: dict[str, tuple[str, ...]] = {
+    "FPM_PLANNER_TOKEN": ("auth_token",),
+    "FPM_PLANNER_HOST": ("http", "host"),
+    "FPM_PLANNER_PORT": ("http", "port"),
+    "FPM_PLANNER_TICK_INTERVAL_S": ("tick_interval_s",),
+    "FPM_PLANNER_WORKERS_FILE": ("discovery", "static_file"),
+    "FPM_PLANNER_ACTUATOR": ("actuator", "kind"),
+}
+_ENV_INT = {"FPM_PLANNER_PORT"}
+_ENV_FLOAT = {"FPM_PLANNER_TICK_INTERVAL_S"}
+
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+
+
+def _readable(message: str) -> str:
+    """msgspec's ``Expected `float` > 0.0 - at `$.x``` becomes ``x: expected float > 0.0``."""
+    match = _AT.search(message)
+    text = message[: match.start()] if match else message
+    text = text.replace("`", "")
+    text = text[:1].lower() + text[1:]
+    if match and match.group("path"):
+        return f"{match.group('path')}: {text}"
+    return text
+
+
+def _set(doc: dict[str, Any], path: tuple[str, ...], value: object, source: str) -> None:
+    node = doc
+    for key in path[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: cannot set {'.'.join(path)}: {key} is not a mapping")
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> ServiceConfig:
+    """Read ``path`` (YAML; optional), apply the ``env`` overrides, validate. Raises :class:`ConfigError`."""
+    source = str(path) if path is not None else "defaults"
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: expected a mapping at the top level, got {type(loaded).__name__}")
+        doc = dict(loaded or {})
+        if "auth_token" in doc:
+            raise ConfigError(f"{source}: auth_token: not allowed in the file; set FPM_PLANNER_TOKEN instead")
+    for var, field_path in ENV_VARS.items():
+        raw = (env or {}).get(var)
+        if raw is None or raw == "":
+            continue
+        value: object = raw
+        if var in _ENV_INT:
+            try:
+                value = int(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{var}: expected an integer, got {raw!r}") from exc
+        elif var in _ENV_FLOAT:
+            try:
+                value = float(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{var}: expected a number, got {raw!r}") from exc
+        try:
+            msgspec.convert(_nested(field_path, value), ServiceConfig)
+        except (msgspec.ValidationError, ValueError) as exc:
+            raise ConfigError(f"{var}: {_readable(str(exc))}") from exc
+        _set(doc, field_path, value, source)
+    try:
+        return msgspec.convert(doc, ServiceConfig)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"{source}: {_readable(str(exc))}") from exc
+
+
+def _nested(path: tuple[str, ...], value: object) -> dict[str, Any]:
+    out: dict[str, Any] = {path[-1]: value}
+    for key in reversed(path[:-1]):
+        out = {key: out}
+    return out

@@ -1,0 +1,718 @@
+"""The runner: the only part of the planner that reads the clock and awaits I/O.
+
+Every ``tick_interval_s`` it expires leases and follows discovery (the subscriber connects to the endpoints
+of the known workers), reads the deployment's status from the actuator, takes a snapshot of the FleetStore,
+runs the decision core, records every decision, and — when this planner is the leader — applies the final
+counts through the actuator and records every outcome. Discovery is also refreshed every
+``discovery.refresh_interval_s`` so a lapsed lease stops being listened to promptly.
+
+Times: the FleetStore, the leases and the core run on the monotonic clock; what the API shows is wall-clock
+Unix seconds (``*_at_s``), converted here.
+
+Leadership: an optional elector object with an ``is_leader`` attribute (planner.actuators' Lease elector).
+Followers run the core and serve the API and diagnostics but never call ``actuator.scale``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from perf_model.api import PerfPredictor
+from planner.actuators.base import Actuator, OutcomeKind, ScaleOutcome, ScaleRequest, ServiceStatus
+from planner.core import (
+    Action,
+    Bounds,
+    CoreConfig,
+    CoreState,
+    Decision,
+    DeploymentStatus,
+    Observation,
+    RoleBounds,
+    RoleLoad,
+    Traffic,
+    step,
+)
+from planner.core import load_config as load_core_config
+from planner.discovery import EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
+from planner.errors import ActuatorError, ConfigError, DiscoveryError, LeaseError
+from planner.ingest.store import FleetSnapshot, FleetStore
+from planner.ingest.subscriber import FpmSubscriber
+from planner.service.config import ServiceConfig
+from planner.service.history import DecisionEntry, History, OutcomeEntry
+from planner.service.metrics import PlannerMetrics
+
+__all__ = [
+    "ActuatorErrorEntry",
+    "EndpointConflictError",
+    "LeaderElector",
+    "PlannerRunner",
+    "Registration",
+    "WorkerSource",
+]
+
+log = logging.getLogger(__name__)
+
+_ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+class EndpointConflictError(LeaseError):
+    """A registration naming an FPM endpoint another registered worker already holds."""
+
+
+class LeaderElector(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+
+class WorkerSource(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a worker came from and, for a lease, when it lapses (wall clock)."""
+
+    source: str  # "registration" | "static"
+    expires_at_s: float | None
+
+
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    worker_id: str
+    expires_at_s: float
+
+
+class ActuatorErrorEntry(msgspec.Struct, frozen=True, kw_only=True):
+    at_s: float
+    operation: str  # "status" | "scale"
+    service: str
+    kind: str
+    message: str
+
+
+class PlannerRunner:
+    """Owns the store, the subscriber, discovery, the actuator and the history; runs the tick loop."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        actuator: Actuator | None = None,
+        elector: LeaderElector | None = None,
+    ) -> None:
+        self.config = config
+        self.actuator = actuator
+        self.elector = elector
+        self.metrics = PlannerMetrics()
+        self.history = History(
+            max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes
+        )
+        self.store = FleetStore(ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size)
+        self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes)
+        self.leases = LeaseRegistry(
+            default_ttl_s=config.discovery.default_ttl_s, max_ttl_s=config.discovery.max_ttl_s
+        )
+        self.static: StaticFileDiscovery | None = None
+        if config.discovery.static_file is not None:
+            try:
+                self.static = StaticFileDiscovery(config.discovery.static_file)
+            except DiscoveryError as exc:
+                raise ConfigError(f"discovery.static_file: {exc}") from exc
+        self.actuator_errors: deque[ActuatorErrorEntry] = deque(maxlen=config.history.max_errors)
+        self.started_at = time.monotonic()
+        self.ticks = 0
+        self.last_tick_at: float | None = None  # monotonic
+        self.last_tick_error: str | None = None
+        self.status: Mapping[str, ServiceStatus] | None = None
+        self.status_error: str | None = None
+        self.core_config: CoreConfig = load_core_config(config.core)
+        self.core_state = CoreState()
+        self.predictors: dict[Role, PerfPredictor] | None = None  # SLA mode per role when given
+        self.last_observation: Observation | None = None
+        self.last_decisions: dict[str, Decision] = {}
+        self.traffic: dict[Role, Traffic] = {}  # set by whoever knows it (the demo's router); none by default
+        self._workers: dict[str, WorkerRecord] = {}
+        self._sources: dict[str, str] = {}
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._tick_lock = asyncio.Lock()
+        self._running = False
+
+    # -- clock ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    def to_wall(self, mono: float) -> float:
+        return time.time() - (time.monotonic() - mono)
+
+    # -- leadership ----------------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return True if self.elector is None else bool(self.elector.is_leader)
+
+    # -- discovery -----------------------------------------------------------------------------------------
+
+    def register(
+        self,
+        worker_id: str,
+        *,
+        role: Role,
+        service: str,
+        dp_size: int,
+        fpm_endpoints: tuple[str, ...],
+        capacity: EngineCapacity,
+        ttl_s: float | None,
+    ) -> Registration:
+        """Register or renew a worker's lease. Raises LeaseError (bad record, bad TTL, endpoint taken)."""
+        if not self.config.discovery.registration:
+            raise LeaseError("the registration API is disabled (discovery.registration: false)")
+        if self.static is not None and worker_id in self.static.workers(self.now()):
+            raise LeaseError(f"worker {worker_id!r} is listed in the static workers file; it cannot register")
+        for endpoint in fpm_endpoints:
+            if (
+                not endpoint.startswith(_ENDPOINT_SCHEMES)
+                or len(endpoint) <= len(endpoint.split("//")[0]) + 2
+            ):
+                raise LeaseError(
+                    f"worker {worker_id!r}: fpm endpoint {endpoint!r} is not a ZMQ endpoint "
+                    "(tcp://host:port, ipc://path or inproc://name)"
+                )
+        try:
+            record = WorkerRecord(
+                worker_id=worker_id,
+                role=role,
+                service=service,
+                dp_size=dp_size,
+                fpm_endpoints=fpm_endpoints,
+                capacity=capacity,
+            )
+        except ValueError as exc:
+            raise LeaseError(str(exc)) from exc
+        now = self.now()
+        current = dict(self.leases.workers(now))
+        if self.static is not None:
+            current.update(self.static.workers(now))
+        for other_id, other in current.items():
+            taken = set(other.fpm_endpoints).intersection(fpm_endpoints)
+            if other_id != worker_id and taken:
+                raise EndpointConflictError(
+                    f"worker {worker_id!r}: endpoint {sorted(taken)[0]} is already registered by {other_id!r}"
+                )
+        expires = self.leases.register(record, now, ttl_s)
+        self.refresh_discovery(now)
+        return Registration(worker_id=worker_id, expires_at_s=self.to_wall(expires))
+
+    def deregister(self, worker_id: str) -> bool:
+        gone = self.leases.deregister(worker_id)
+        if gone:
+            self.refresh_discovery(self.now())
+        return gone
+
+    def refresh_discovery(self, now: float) -> Mapping[str, WorkerRecord]:
+        """Merge the sources (static first: a registration cannot shadow it) and let the subscriber follow."""
+        workers: dict[str, WorkerRecord] = {}
+        sources: dict[str, str] = {}
+        if self.static is not None:
+            for wid, record in self.static.workers(now).items():
+                workers[wid] = record
+                sources[wid] = "static"
+        for wid, record in self.leases.workers(now).items():
+            if wid not in workers:
+                workers[wid] = record
+                sources[wid] = "registration"
+        if workers != self._workers:
+            self._workers = workers
+            self.subscriber.set_workers(workers)
+        self._sources = sources
+        return workers
+
+    @property
+    def workers(self) -> Mapping[str, WorkerRecord]:
+        return self._workers
+
+    def worker_source(self, worker_id: str) -> WorkerSource:
+        expires = self.leases.expires_at(worker_id)
+        return WorkerSource(
+            source=self._sources.get(worker_id, "registration"),
+            expires_at_s=None if expires is None else self.to_wall(expires),
+        )
+
+    def snapshot(self) -> FleetSnapshot:
+        return self.subscriber.snapshot(self.now())
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the subscriber thread and the loops; returns at once."""
+        if self._running:
+            return
+        self._running = True
+        self._stop.clear()
+        self.refresh_discovery(self.now())
+        self.subscriber.start()
+        self._tasks = [
+            asyncio.create_task(self._discovery_loop(), name="planner-discovery"),
+            asyncio.create_task(self._tick_loop(), name="planner-tick"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the loops (a tick in progress finishes first) and close the subscriber."""
+        if not self._running:
+            return
+        self._stop.set()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await asyncio.to_thread(self.subscriber.close)
+        self._running = False
+
+    @property
+    def running(self) -> bool:
+        return self._running and all(not t.done() for t in self._tasks)
+
+    @property
+    def ready(self) -> bool:
+        return self.running and self.ticks > 0
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopped; True when stopped."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        return self._stop.is_set()
+
+    async def _discovery_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh_discovery(self.now())
+            except Exception:  # a bad source must not stop the loop
+                log.exception("discovery refresh failed")
+            if await self._sleep(self.config.discovery.refresh_interval_s):
+                return
+
+    async def _tick_loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.tick()
+                self.last_tick_error = None
+            except Exception as exc:  # the loop survives; the error is shown in diagnostics
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self.last_tick_error:  # log each distinct failure once, not every tick
+                    log.exception("planner tick failed")
+                self.last_tick_error = error
+            elapsed = time.monotonic() - started
+            if await self._sleep(max(0.0, self.config.tick_interval_s - elapsed)):
+                return
+
+    # -- one tick ------------------------------------------------------------------------------------------
+
+    async def read_status(self) -> Mapping[str, ServiceStatus] | None:
+        if self.actuator is None:
+            return None
+        try:
+            status = await asyncio.to_thread(self.actuator.status)
+        except ActuatorError as exc:
+            self.status_error = f"{type(exc).__name__}: {exc}"
+            self._actuator_error("status", "", type(exc).__name__, str(exc))
+            return None
+        self.status_error = None
+        return dict(status)
+
+    async def tick(self) -> None:
+        async with self._tick_lock:
+            started = time.perf_counter()
+            now = self.now()
+            self.refresh_discovery(now)
+            self.status = await self.read_status()
+            snapshot = self.subscriber.snapshot(self.now())
+            self.metrics.observe_drops({str(k): v for k, v in snapshot.drops.items()})
+            await self._decide_and_act(snapshot, self.status, snapshot.now)
+            self.ticks += 1
+            self.last_tick_at = now
+            self.metrics.tick_duration_seconds.observe(time.perf_counter() - started)
+
+    def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
+        deployments = (
+            {}
+            if status is None
+            else {name: DeploymentStatus.from_service_status(st) for name, st in status.items()}
+        )
+        return Observation(
+            workers=dict(self._workers), fleet=snapshot, deployments=deployments, traffic=dict(self.traffic)
+        )
+
+    async def _decide_and_act(
+        self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None, now: float
+    ) -> None:
+        observation = self.observe(snapshot, status)
+        self.core_state, decisions = step(
+            self.core_state, observation, now, self.core_config, predictors=self.predictors
+        )
+        self.last_observation = observation
+        self.last_decisions = {d.service: d for d in decisions}
+        leader = self.is_leader
+        wall = time.time()
+        tick = self.ticks + 1
+        for decision in decisions:
+            entry = DecisionEntry(
+                id=self.history.next_decision_id(),
+                tick=tick,
+                role=decision.role.value,
+                service=decision.service,
+                decided_at_s=wall,
+                leader=leader,
+                current=decision.current_replicas,
+                recommended=decision.recommended_replicas,
+                final=decision.final_replicas,
+                action=decision.action.value,
+                reasons=tuple(r.value for r in decision.reasons),
+                summary=decision.summary,
+                decision=msgspec.to_builtins(decision),
+            )
+            self.history.add_decision(entry)
+            self.metrics.observe_decision(
+                decision.role.value,
+                current=decision.current_replicas,
+                recommended=decision.recommended_replicas,
+                final=decision.final_replicas,
+                reasons=entry.reasons,
+                ttft_ms=decision.inputs.predicted_ttft_ms,
+                itl_ms=decision.inputs.predicted_itl_ms,
+            )
+            if decision.action != Action.HOLD:
+                request = ScaleRequest(
+                    service=decision.service,
+                    replicas=decision.final_replicas,
+                    reason=entry.reasons[0] if entry.reasons else decision.action.value,
+                )
+                await self.apply(request, role=decision.role.value, decision_id=entry.id)
+
+    # -- explain, what-if, bounds -------------------------------------------------------------------------
+
+    def explain(self, entry: DecisionEntry) -> dict[str, Any]:
+        """A decision with its inputs, coverage, every pipeline stage (value and reason) and its outcomes."""
+        decision = entry.decision
+        outcomes = [
+            msgspec.to_builtins(o) for o in self.history.outcomes(limit=10_000) if o.decision_id == entry.id
+        ]
+        return {
+            "id": entry.id,
+            "core_id": decision.get("id"),
+            "tick": entry.tick,
+            "role": entry.role,
+            "service": entry.service,
+            "decided_at_s": entry.decided_at_s,
+            "leader": entry.leader,
+            "mode": decision.get("mode"),
+            "current": entry.current,
+            "recommended": entry.recommended,
+            "final": entry.final,
+            "action": entry.action,
+            "reasons": list(entry.reasons),
+            "summary": entry.summary,
+            "inputs": decision.get("inputs"),
+            "coverage": decision.get("coverage"),
+            "stages": decision.get("stages", []),
+            "outcomes": outcomes,
+        }
+
+    def what_if(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """What the core would decide now under the given traffic, load or SLA; nothing is applied or kept."""
+        now = self.now()
+        observation = self.observe(self.subscriber.snapshot(now), self.status)
+        traffic = dict(observation.traffic)
+        overrides: dict[Role, RoleLoad] = {}
+        config = self.core_config
+        roles = dict(config.roles)
+        for role_key, spec in (request.get("roles") or {}).items():
+            role = Role(role_key)
+            given = {k: spec[k] for k in ("request_rate_per_s", "isl_tokens", "osl_tokens") if k in spec}
+            if given:
+                base = traffic.get(role) or Traffic()
+                traffic[role] = msgspec.structs.replace(base, **given)
+            load_given = {k: float(spec[k]) for k in RoleLoad.__struct_fields__ if k in spec}
+            scale = spec.get("load_scale")
+            if load_given or scale is not None:
+                measured = self._measured_load(role)
+                factor = 1.0 if scale is None else float(scale)
+                values = {k: getattr(measured, k) * factor for k in RoleLoad.__struct_fields__}
+                values.update(load_given)
+                overrides[role] = RoleLoad(**values)
+            sla_given = {k: float(spec[k]) for k in ("ttft_ms", "itl_ms") if k in spec}
+            if sla_given:
+                role_config = config.role(role)
+                try:
+                    sla = msgspec.structs.replace(role_config.sla, **sla_given)
+                    roles[role] = msgspec.structs.replace(role_config, sla=sla)
+                except ValueError as exc:
+                    raise ConfigError(f"roles.{role.value}: {exc}") from exc
+        if roles != config.roles:
+            config = CoreConfig(roles=roles, max_total_gpus=config.max_total_gpus)
+        observation = msgspec.structs.replace(observation, traffic=traffic, load_override=overrides)
+        _, decisions = step(self.core_state, observation, now, config, predictors=self.predictors)
+        return {
+            "applied": False,
+            "decided_at_s": time.time(),
+            "decisions": [msgspec.to_builtins(d) for d in decisions],
+        }
+
+    def _measured_load(self, role: Role) -> RoleLoad:
+        for decision in self.last_decisions.values():
+            if decision.role == role:
+                inputs = decision.inputs
+                return RoleLoad(
+                    queued_prefill_tokens=inputs.queued_prefill_tokens,
+                    scheduled_prefill_tokens=inputs.scheduled_prefill_tokens,
+                    decode_requests=inputs.decode_requests,
+                    queued_decode_requests=inputs.queued_decode_requests,
+                    decode_kv_tokens=inputs.decode_kv_tokens,
+                )
+        return RoleLoad()
+
+    def bounds(self) -> dict[str, Any]:
+        bounds = self.core_config.bounds()
+        return {
+            "roles": {
+                role.value: {
+                    **msgspec.to_builtins(rb),
+                    "gpus_per_replica": self.core_config.role(role).gpus_per_replica,
+                }
+                for role, rb in sorted(bounds.roles.items())
+            },
+            "max_total_gpus": bounds.max_total_gpus,
+        }
+
+    def patch_bounds(self, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge ``patch`` (``roles.<role>.min_replicas|max_replicas``, ``max_total_gpus``) into the bounds
+        the next tick uses. Raises ConfigError (nothing changed) when the result does not validate."""
+        current = self.core_config.bounds()
+        roles = dict(current.roles)
+        try:
+            for role_key, spec in (patch.get("roles") or {}).items():
+                role = Role(role_key)
+                old = roles.get(role) or self.core_config.role(role).bounds
+                roles[role] = RoleBounds(
+                    min_replicas=_given(spec.get("min_replicas"), old.min_replicas),
+                    max_replicas=_given(spec.get("max_replicas"), old.max_replicas),
+                )
+            max_total_gpus = patch["max_total_gpus"] if "max_total_gpus" in patch else current.max_total_gpus
+            self.core_config = self.core_config.with_bounds(
+                Bounds(roles=roles, max_total_gpus=max_total_gpus)
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        return self.bounds()
+
+    # -- actuator ------------------------------------------------------------------------------------------
+
+    async def apply(self, request: ScaleRequest, *, role: str, decision_id: int | None) -> OutcomeEntry:
+        """Send one scale request through the actuator (leader only) and record what became of it."""
+        at_s = time.time()
+        outcome: ScaleOutcome | None = None
+        if not self.is_leader:
+            kind, applied, message = (
+                OutcomeKind.NOT_LEADER.value,
+                False,
+                "not the leader: recorded, not applied",
+            )
+        elif self.actuator is None:
+            kind, applied, message = (
+                OutcomeKind.ADVISORY.value,
+                False,
+                "no actuator configured: recorded only",
+            )
+        else:
+            try:
+                outcome = await asyncio.to_thread(self.actuator.scale, request)
+            except ActuatorError as exc:
+                kind, applied, message = "error", False, f"{type(exc).__name__}: {exc}"
+            else:
+                kind, applied, message = outcome.kind.value, outcome.applied, outcome.message
+        entry = OutcomeEntry(
+            id=self.history.next_outcome_id(),
+            decision_id=decision_id,
+            role=role,
+            service=request.service,
+            at_s=at_s,
+            requested=request.replicas,
+            kind=kind,
+            applied=applied,
+            message=message,
+            outcome={} if outcome is None else msgspec.to_builtins(outcome),
+        )
+        self.history.add_outcome(entry)
+        self.metrics.observe_outcome(kind)
+        if kind == "error" or (
+            outcome is not None
+            and not outcome.applied
+            and outcome.kind
+            not in (
+                OutcomeKind.UNCHANGED,
+                OutcomeKind.ADVISORY,
+            )
+        ):
+            self._actuator_error("scale", request.service, kind, message)
+        return entry
+
+    def _actuator_error(self, operation: str, service: str, kind: str, message: str) -> None:
+        self.actuator_errors.append(
+            ActuatorErrorEntry(
+                at_s=time.time(), operation=operation, service=service, kind=kind, message=message
+            )
+        )
+
+    # -- diagnostics ---------------------------------------------------------------------------------------
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Everything an operator needs to see why the planner does what it does (see docs/service.md)."""
+        now = self.now()
+        snapshot = self.subscriber.snapshot(now)
+        workers: list[dict[str, Any]] = []
+        for wid, record in sorted(self._workers.items()):
+            source = self.worker_source(wid)
+            ranks = []
+            for rank in range(record.dp_size):
+                view = snapshot.ranks.get((wid, rank))
+                endpoint = record.fpm_endpoints[rank]
+                seen = snapshot.endpoints.get(endpoint)
+                ranks.append(
+                    {
+                        "dp_rank": rank,
+                        "endpoint": endpoint,
+                        "fresh": bool(view and view.fresh),
+                        "last_sample_age_s": None if view is None else view.age_s,
+                        "last_active_age_s": None if view is None else view.active_age_s,
+                        "samples": 0 if view is None else view.samples,
+                        "heartbeats": 0 if view is None else view.heartbeats,
+                        "counter_restarts": 0 if view is None else view.restarts,
+                        "counter_gaps": 0 if view is None else view.gaps,
+                        "lost_samples": 0 if view is None else view.lost_samples,
+                        "endpoint_publishes_as": None if seen is None else seen.worker_id,
+                        "endpoint_publishes_rank": None if seen is None else seen.dp_rank,
+                        "load": _load(view.last_active if view is not None else None),
+                    }
+                )
+            drops = snapshot.drops_by_worker.get(wid, {})
+            workers.append(
+                {
+                    "worker_id": wid,
+                    "role": record.role.value,
+                    "service": record.service,
+                    "dp_size": record.dp_size,
+                    "source": source.source,
+                    "lease_expires_at_s": source.expires_at_s,
+                    "capacity": msgspec.to_builtins(record.capacity),
+                    "ranks": ranks,
+                    "drops": {str(k): v for k, v in drops.items() if v},
+                    **self._classification(wid, ranks),
+                }
+            )
+        return {
+            "now_s": time.time(),
+            "leader": self.is_leader,
+            "leadership": "leader" if self.is_leader else "follower",
+            "ticks": self.ticks,
+            "last_tick_at_s": None if self.last_tick_at is None else self.to_wall(self.last_tick_at),
+            "last_tick_error": self.last_tick_error,
+            "tick_interval_s": self.config.tick_interval_s,
+            "ingest": {
+                "ttl_s": snapshot.ttl_s,
+                "received": self.subscriber.received,
+                "loop_errors": self.subscriber.loop_errors,
+                "endpoints_connected": len(self.subscriber.endpoints),
+                "leases_expired": self.leases.expired,
+                "static_file_error": None if self.static is None else self.static.last_error,
+            },
+            "workers": workers,
+            "roles": self._role_counts(workers),
+            "drops": {str(k): v for k, v in snapshot.drops.items()},
+            "actuator": {
+                "configured": self.actuator is not None,
+                "status_error": self.status_error,
+                "status": None
+                if self.status is None
+                else {k: msgspec.to_builtins(v) for k, v in self.status.items()},
+                "recent_errors": [msgspec.to_builtins(e) for e in reversed(self.actuator_errors)],
+            },
+            "latest_decisions": [_entry_brief(e) for e in self.history.latest()],
+        }
+
+    def _classification(self, worker_id: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        """The worker's classification and its cause (from the core's Coverage when there is one)."""
+        missing = [r["dp_rank"] for r in ranks if not r["fresh"]]
+        foreign = [
+            r
+            for r in ranks
+            if r["endpoint_publishes_as"] is not None and r["endpoint_publishes_as"] != worker_id
+        ]
+        if foreign:
+            names = ", ".join(
+                f"rank {r['dp_rank']} publishes as {r['endpoint_publishes_as']!r}" for r in foreign
+            )
+            return {"classification": "identity_not_synced", "cause": names}
+        if not missing:
+            return {"classification": "healthy", "cause": "fresh FPM on every rank"}
+        if len(missing) == len(ranks):
+            heard = any(r["last_sample_age_s"] is not None for r in ranks)
+            cause = "no fresh FPM (last sample older than the TTL)" if heard else "no FPM received yet"
+            return {"classification": "silent", "cause": cause}
+        return {
+            "classification": "partial",
+            "cause": "no fresh FPM from rank(s) " + ", ".join(str(m) for m in missing),
+        }
+
+    def _role_counts(self, workers: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for role in Role:
+            mine = [w for w in workers if w["role"] == role.value]
+            service = self.service_for(role)
+            status = None if self.status is None else self.status.get(service)
+            out[role.value] = {
+                "service": service,
+                "discovered": len(mine),
+                "fpm_covered": sum(1 for w in mine if w["classification"] == "healthy"),
+                "deployment_desired": None if status is None else status.desired,
+                "deployment_ready": None if status is None else status.ready,
+            }
+        return out
+
+    def service_for(self, role: Role) -> str:
+        return str(self.config.services.get(role.value, role.value))
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _load(sample: Any) -> dict[str, float] | None:
+    if sample is None:
+        return None
+    sched = sample.scheduled_requests
+    queued = sample.queued_requests
+    return {
+        "wall_time_ms": sample.wall_time * 1000.0,
+        "prefill_tokens": float(sched.sum_prefill_tokens),
+        "decode_requests": float(sched.num_decode_requests),
+        "decode_kv_tokens": float(sched.sum_decode_kv_tokens),
+        "queued_prefill_tokens": float(queued.sum_prefill_tokens),
+        "queued_requests": float(queued.num_prefill_requests + queued.num_decode_requests),
+    }
+
+
+def _entry_brief(entry: DecisionEntry) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "role": entry.role,
+        "decided_at_s": entry.decided_at_s,
+        "current": entry.current,
+        "recommended": entry.recommended,
+        "final": entry.final,
+        "reasons": list(entry.reasons),
+        "summary": entry.summary,
+    }

@@ -1,0 +1,68 @@
+"""``fpm-planner serve --config PATH``: the planner service on uvicorn. SIGTERM and Ctrl-C stop it cleanly
+(the current tick finishes, the subscriber closes)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+import uvicorn
+
+from planner.actuators.base import Actuator
+from planner.errors import ConfigError
+from planner.service.app import create_app
+from planner.service.config import ActuatorKind, ServiceConfig, load_config
+from planner.service.runner import PlannerRunner
+
+__all__ = ["add_arguments", "build_actuator", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="PATH", help="YAML configuration (see docs/service.md)")
+    parser.add_argument("--host", help="override http.host")
+    parser.add_argument("--port", type=int, help="override http.port")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_actuator(config: ServiceConfig) -> Actuator | None:
+    """The actuator ``actuator.kind`` names; None for advisory (decide and record, never write)."""
+    kind = config.actuator.kind
+    if kind == ActuatorKind.ADVISORY:
+        return None
+    if kind == ActuatorKind.KUBERNETES:
+        try:
+            k8s = importlib.import_module("planner.actuators.kubernetes")  # optional, heavy import
+        except ImportError as exc:
+            raise ConfigError(f"actuator.kind: kubernetes is not available in this build: {exc}") from exc
+        factory = getattr(k8s, "from_options", None)
+        if factory is None:
+            raise ConfigError("actuator.kind: planner.actuators.kubernetes provides no from_options()")
+        actuator: Actuator = factory(dict(config.actuator.options))
+        return actuator
+    raise ConfigError(f"actuator.kind: {kind.value} is only available in `fpm-planner demo`")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    env = dict(os.environ)
+    if args.host:
+        env["FPM_PLANNER_HOST"] = args.host
+    if args.port is not None:
+        env["FPM_PLANNER_PORT"] = str(args.port)
+    try:
+        config = load_config(args.config, env)
+        runner = PlannerRunner(config, actuator=build_actuator(config))
+    except ConfigError as exc:
+        print(f"fpm-planner serve: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(runner)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.http.host, port=config.http.port, log_level=args.log_level)
+    )
+    server.run()
+    return 0
