@@ -1,0 +1,475 @@
+"""A simulated fleet: replicas of :class:`~planner.sim.engine.SimEngine` per role, a router, scale actions that
+take effect after a start-up delay, draining on removal, and GPU-time accounting. Event-driven: engine steps,
+replica start-ups and KV transfers sit in one time-ordered heap; :meth:`SimFleet.run_until` advances it.
+
+Roles: one ``agg`` role (aggregated engines), or ``prefill`` + ``decode`` (disaggregated: a request is
+prefilled on a prefill engine, its KV travels for ``kv_transfer_s``, then it decodes on a decode engine; TTFT is
+taken on the prefill engine).
+
+Samples go to a :class:`FpmSink`: :class:`StoreSink` feeds a :class:`~planner.ingest.store.FleetStore`
+in-process (replay), :class:`ZmqSink` publishes over real ZMQ through
+:class:`~worker_shim.publisher.FpmPublisher` (demo). The fleet never reads a clock: every call takes ``now``.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Callable, Mapping
+from typing import Protocol, cast
+
+import msgspec
+
+from planner.discovery import EngineCapacity, Role, WorkerRecord
+from planner.errors import ConfigError
+from planner.ingest.store import FleetStore
+from planner.sim.engine import EngineConfig, SimEngine, SimRequest
+from planner.sim.timing import StepTimer
+from worker_shim import fpm
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+__all__ = [
+    "FleetConfig",
+    "FpmSink",
+    "NullSink",
+    "Replica",
+    "ReplicaState",
+    "RouterKind",
+    "ScaleEvent",
+    "SimFleet",
+    "StartupMode",
+    "StoreSink",
+    "ZmqSink",
+]
+
+
+class RouterKind(enum.StrEnum):
+    LEAST_TOKENS = "least_tokens"  # least outstanding (prompt + output) tokens
+    ROUND_ROBIN = "round_robin"
+
+
+class StartupMode(enum.StrEnum):
+    COLD = "cold"  # pull, load weights, compile, capture graphs
+    RESTORE = "restore"  # snapshot restore
+
+
+class ReplicaState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"  # takes no new requests; removed once empty
+    GONE = "gone"
+
+
+class FleetConfig(msgspec.Struct, frozen=True, kw_only=True):
+    engine: EngineConfig = EngineConfig()
+    disaggregated: bool = False
+    cold_start_s: float = 60.0
+    restore_start_s: float = 15.0
+    startup_mode: StartupMode = StartupMode.COLD
+    gpus_per_replica: int = 1
+    router: RouterKind = RouterKind.LEAST_TOKENS
+    kv_transfer_s: float = 0.02
+    heartbeat_interval_s: float = 1.0
+    service_prefix: str = "sim"
+
+    def __post_init__(self) -> None:
+        if self.cold_start_s < 0 or self.restore_start_s < 0 or self.kv_transfer_s < 0:
+            raise ConfigError("fleet delays must be >= 0")
+        if self.gpus_per_replica < 1 or self.heartbeat_interval_s <= 0:
+            raise ConfigError("fleet needs gpus_per_replica >= 1 and heartbeat_interval_s > 0")
+
+    @property
+    def startup_s(self) -> float:
+        return self.cold_start_s if self.startup_mode is StartupMode.COLD else self.restore_start_s
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return (Role.PREFILL, Role.DECODE) if self.disaggregated else (Role.AGG,)
+
+
+class FpmSink(Protocol):
+    def attach(self, engine: SimEngine, now: float) -> str:
+        """The engine starts serving; returns the FPM endpoint it publishes on."""
+        ...
+
+    def detach(self, engine: SimEngine, now: float) -> None: ...
+
+    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
+             end_s: float) -> None: ...
+
+    def idle(self, engine: SimEngine, now: float) -> None:
+        """Called at least once per heartbeat interval while the engine is ready (heartbeat when idle)."""
+        ...
+
+
+class NullSink:
+    """Emits nothing (baselines that read engine state directly)."""
+
+    def attach(self, engine: SimEngine, now: float) -> str:
+        return f"sim://{engine.worker_id}/{engine.dp_rank}"
+
+    def detach(self, engine: SimEngine, now: float) -> None:
+        return None
+
+    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
+             end_s: float) -> None:
+        return None
+
+    def idle(self, engine: SimEngine, now: float) -> None:
+        return None
+
+
+class StoreSink:
+    """Builds real :class:`ForwardPassMetrics` (one counter per engine, heartbeats included) and ingests them into
+    a :class:`FleetStore` at the simulated time they would arrive."""
+
+    def __init__(self, store: FleetStore, heartbeat_interval_s: float = 1.0) -> None:
+        self.store = store
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._counter: dict[str, int] = {}
+        self._last_at: dict[str, float] = {}
+        self._endpoint: dict[str, str] = {}
+        self.samples = 0
+        self.heartbeats = 0
+        self.dropped = 0
+
+    def attach(self, engine: SimEngine, now: float) -> str:
+        endpoint = f"sim://{engine.worker_id}/{engine.dp_rank}"
+        self._counter[engine.worker_id] = 0
+        self._last_at[engine.worker_id] = now
+        self._endpoint[engine.worker_id] = endpoint
+        return endpoint
+
+    def detach(self, engine: SimEngine, now: float) -> None:
+        self._counter.pop(engine.worker_id, None)
+        self._last_at.pop(engine.worker_id, None)
+        self._endpoint.pop(engine.worker_id, None)
+
+    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
+             end_s: float) -> None:
+        wid = engine.worker_id
+        counter = self._counter.get(wid)
+        if counter is None:
+            return
+        self._counter[wid] = counter + 1
+        self._last_at[wid] = end_s
+        sample = ForwardPassMetrics(worker_id=wid, dp_rank=engine.dp_rank, counter_id=counter,
+                                    wall_time=wall_time_s, scheduled_requests=scheduled, queued_requests=queued)
+        self.samples += 1
+        if self.store.ingest(self._endpoint[wid], sample, end_s, end_s) is not None:
+            self.dropped += 1
+
+    def idle(self, engine: SimEngine, now: float) -> None:
+        wid = engine.worker_id
+        last = self._last_at.get(wid)
+        if last is None or engine.busy or now - last < self.heartbeat_interval_s:
+            return
+        counter = self._counter[wid]
+        self._counter[wid] = counter + 1
+        self._last_at[wid] = now
+        self.heartbeats += 1
+        if self.store.ingest(self._endpoint[wid], fpm.heartbeat(wid, engine.dp_rank, counter), now, now) is not None:
+            self.dropped += 1
+
+
+class ZmqSink:
+    """One real :class:`~worker_shim.publisher.FpmPublisher` per engine (its own thread sends heartbeats), bound
+    on ``tcp://{host}:{port}`` from ``base_port`` upwards (``base_port=0``: an ephemeral port)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", base_port: int = 0, heartbeat_interval_s: float = 1.0) -> None:
+        from worker_shim.publisher import FpmPublisher  # imported here: replay must not need zmq threads
+
+        self._cls = FpmPublisher
+        self.host = host
+        self.base_port = base_port
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._next_port = base_port
+        self.publishers: dict[str, FpmPublisher] = {}
+
+    def attach(self, engine: SimEngine, now: float) -> str:
+        endpoint = f"tcp://{self.host}:{self._next_port if self.base_port else '*'}"
+        if self.base_port:
+            self._next_port += 1
+        pub = self._cls(worker_id=engine.worker_id, dp_rank=engine.dp_rank, endpoint=endpoint,
+                        heartbeat_interval_s=self.heartbeat_interval_s).start()
+        self.publishers[engine.worker_id] = pub
+        bound = pub.bound_endpoint or endpoint
+        return bound.replace("0.0.0.0", self.host)
+
+    def detach(self, engine: SimEngine, now: float) -> None:
+        pub = self.publishers.pop(engine.worker_id, None)
+        if pub is not None:
+            pub.close()
+
+    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
+             end_s: float) -> None:
+        pub = self.publishers.get(engine.worker_id)
+        if pub is not None:
+            pub.publish(wall_time_s, scheduled, queued)
+
+    def idle(self, engine: SimEngine, now: float) -> None:
+        return None  # the publisher thread sends heartbeats on its own clock
+
+    def close(self) -> None:
+        for pub in self.publishers.values():
+            pub.close()
+        self.publishers.clear()
+
+
+class Replica:
+    __slots__ = ("created_s", "endpoint", "engine", "ready_s", "role", "state")
+
+    def __init__(self, engine: SimEngine, role: Role, created_s: float, ready_s: float) -> None:
+        self.engine = engine
+        self.role = role
+        self.created_s = created_s
+        self.ready_s = ready_s
+        self.state = ReplicaState.STARTING
+        self.endpoint = ""
+
+
+class ScaleEvent(msgspec.Struct, frozen=True, kw_only=True):
+    at_s: float
+    role: Role
+    from_replicas: int
+    to_replicas: int
+
+
+_STEP = 0
+_READY = 1
+_TRANSFER = 2
+
+
+class SimFleet:
+    """Replicas per role; see the module docstring. ``on_finish`` receives every finished request."""
+
+    def __init__(self, config: FleetConfig, timer: StepTimer, *, sink: FpmSink | None = None,
+                 on_finish: Callable[[SimRequest], None] | None = None, name: str = "sim") -> None:
+        self.config = config
+        self.timer = timer
+        self.sink: FpmSink = sink if sink is not None else NullSink()
+        self.on_finish = on_finish
+        self.name = name
+        self.replicas: dict[Role, list[Replica]] = {role: [] for role in config.roles}
+        self._desired: dict[Role, int] = dict.fromkeys(config.roles, 0)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._serial = 0
+        self._rr: dict[Role, int] = dict.fromkeys(config.roles, 0)
+        self.now = 0.0
+        self.gpu_s = 0.0
+        self._gpu_count = 0
+        self._gpu_since = 0.0
+        self.scale_events: list[ScaleEvent] = []
+        self.unroutable = 0
+        self.records: dict[str, WorkerRecord] = {}
+        self.on_workers_changed: Callable[[], None] | None = None
+
+    # -- control ---------------------------------------------------------------------------------------------
+
+    def service_name(self, role: Role) -> str:
+        return f"{self.config.service_prefix}-{role.value}"
+
+    def desired(self, role: Role) -> int:
+        return self._desired[role]
+
+    def counts(self, role: Role) -> dict[ReplicaState, int]:
+        out = dict.fromkeys(ReplicaState, 0)
+        for rep in self.replicas[role]:
+            out[rep.state] += 1
+        return out
+
+    def total_replicas(self) -> int:
+        """Replicas holding GPUs (starting, ready or draining)."""
+        return self._gpu_count
+
+    def scale(self, role: Role, replicas: int, now: float, *, instant: bool = False) -> None:
+        """Set the desired count of ``role``. New replicas become ready after the start-up delay (at once with
+        ``instant``); removed ones are taken from those still starting first, then the least loaded ready ones,
+        which drain (no new requests) and go when empty."""
+        if replicas < 0:
+            raise ConfigError(f"replicas must be >= 0, got {replicas}")
+        if role not in self._desired:
+            raise ConfigError(f"role {role} not in this fleet ({', '.join(self._desired)})")
+        self.run_until(now)
+        current = self._desired[role]
+        if replicas == current:
+            return
+        self.scale_events.append(ScaleEvent(at_s=now, role=role, from_replicas=current, to_replicas=replicas))
+        self._desired[role] = replicas
+        reps = self.replicas[role]
+        live = [r for r in reps if r.state in (ReplicaState.STARTING, ReplicaState.READY)]
+        if replicas > len(live):
+            for _ in range(replicas - len(live)):
+                self._add_replica(role, now, instant)
+        else:
+            excess = len(live) - replicas
+            starting = sorted((r for r in live if r.state is ReplicaState.STARTING), key=lambda r: -r.created_s)
+            for rep in starting[:excess]:
+                self._set_state(rep, ReplicaState.GONE, now)
+            excess -= min(excess, len(starting))
+            ready = sorted((r for r in live if r.state is ReplicaState.READY),
+                           key=lambda r: (r.engine.outstanding_tokens, -r.created_s))
+            for rep in ready[:excess]:
+                self._set_state(rep, ReplicaState.DRAINING, now)
+                if rep.engine.idle and not rep.engine.busy:
+                    self._set_state(rep, ReplicaState.GONE, now)
+        self.replicas[role] = [r for r in reps if r.state is not ReplicaState.GONE]
+
+    def submit(self, request: SimRequest, now: float) -> bool:
+        """Route a new request (to the prefill role when disaggregated); False when no replica can take it or it
+        exceeds ``max_model_len`` (counted in :attr:`unroutable`)."""
+        self.run_until(now)
+        if request.isl + request.osl > self.config.engine.max_model_len:
+            self.unroutable += 1
+            return False
+        if self.config.disaggregated:
+            request.prefill_only = True
+            return self._route(Role.PREFILL, request, now)
+        return self._route(Role.AGG, request, now)
+
+    @property
+    def pending_transfers(self) -> bool:
+        """KV transfers or replica start-ups still queued in the event heap."""
+        return any(kind != _STEP for _, _, kind, _ in self._heap)
+
+    def run_until(self, t: float) -> None:
+        """Process every event up to and including time ``t``."""
+        heap = self._heap
+        while heap and heap[0][0] <= t:
+            at, _, kind, obj = heapq.heappop(heap)
+            self.now = at
+            if kind == _STEP:
+                self._step_done(cast(Replica, obj), at)
+            elif kind == _READY:
+                rep = cast(Replica, obj)
+                if rep.state is ReplicaState.STARTING:
+                    self._set_state(rep, ReplicaState.READY, at)
+            else:
+                req = cast(SimRequest, obj)
+                req.prefill_only = False
+                req.remote_kv = True
+                req.target_prefill = req.isl
+                req.done_prefill = 0
+                self._route(Role.DECODE, req, at)
+        if t > self.now:
+            self.now = t
+
+    def heartbeat(self, now: float) -> None:
+        """Give every serving engine's sink a chance to send its idle heartbeat."""
+        self.run_until(now)
+        for reps in self.replicas.values():
+            for rep in reps:
+                if rep.state in (ReplicaState.READY, ReplicaState.DRAINING):
+                    self.sink.idle(rep.engine, now)
+
+    def workers(self) -> Mapping[str, WorkerRecord]:
+        """What discovery would report: replicas that are serving (ready or draining)."""
+        return self.records
+
+    def gpu_hours(self, now: float) -> float:
+        self._account(now)
+        return self.gpu_s / 3600.0
+
+    def close(self, now: float) -> None:
+        for reps in self.replicas.values():
+            for rep in reps:
+                if rep.state is not ReplicaState.GONE:
+                    self._set_state(rep, ReplicaState.GONE, now)
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, obj: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, kind, obj))
+
+    def _add_replica(self, role: Role, now: float, instant: bool) -> None:
+        self._serial += 1
+        wid = f"{self.name}-{role.value}-{self._serial}"
+        engine = SimEngine(wid, self.config.engine, self.timer, sink=self.sink.step)
+        delay = 0.0 if instant else self.config.startup_s
+        rep = Replica(engine, role, now, now + delay)
+        self.replicas[role].append(rep)
+        self._account(now)
+        self._gpu_count += self.config.gpus_per_replica
+        if delay <= 0:
+            self._set_state(rep, ReplicaState.READY, now)
+        else:
+            self._push(now + delay, _READY, rep)
+
+    def _set_state(self, rep: Replica, state: ReplicaState, now: float) -> None:
+        old = rep.state
+        rep.state = state
+        if state is ReplicaState.READY:
+            rep.endpoint = self.sink.attach(rep.engine, now)
+            cap = self.config.engine
+            self.records = {
+                **self.records,
+                rep.engine.worker_id: WorkerRecord(
+                    worker_id=rep.engine.worker_id, role=rep.role, service=self.service_name(rep.role),
+                    fpm_endpoints=(rep.endpoint,),
+                    capacity=EngineCapacity(max_num_batched_tokens=cap.max_num_batched_tokens,
+                                            max_num_seqs=cap.max_num_seqs, max_model_len=cap.max_model_len,
+                                            kv_capacity_tokens=cap.kv_capacity_tokens),
+                ),
+            }
+            if self.on_workers_changed is not None:
+                self.on_workers_changed()
+            if rep.engine.waiting and not rep.engine.busy:
+                self._kick(rep, now)
+        elif state is ReplicaState.GONE:
+            self._account(now)
+            self._gpu_count -= self.config.gpus_per_replica
+            if old in (ReplicaState.READY, ReplicaState.DRAINING):
+                self.sink.detach(rep.engine, now)
+                self.records = {k: v for k, v in self.records.items() if k != rep.engine.worker_id}
+                if self.on_workers_changed is not None:
+                    self.on_workers_changed()
+            elif old is ReplicaState.STARTING and rep.engine.waiting:
+                orphans = list(rep.engine.waiting)
+                rep.engine.waiting.clear()
+                for req in orphans:
+                    self._route(rep.role, req, now)
+
+    def _account(self, now: float) -> None:
+        if now > self._gpu_since:
+            self.gpu_s += self._gpu_count * (now - self._gpu_since)
+            self._gpu_since = now
+
+    def _route(self, role: Role, request: SimRequest, now: float) -> bool:
+        ready = [r for r in self.replicas[role] if r.state is ReplicaState.READY]
+        if not ready:
+            # Nothing serving yet: queue on a starting replica (it serves once up) rather than losing the request.
+            ready = [r for r in self.replicas[role] if r.state is ReplicaState.STARTING]
+            if not ready:
+                self.unroutable += 1
+                return False
+        if self.config.router is RouterKind.ROUND_ROBIN:
+            i = self._rr[role] % len(ready)
+            self._rr[role] += 1
+            rep = ready[i]
+        else:
+            rep = min(ready, key=lambda r: r.engine.outstanding_tokens)
+        rep.engine.add(request)
+        if rep.state is ReplicaState.READY and not rep.engine.busy:
+            self._kick(rep, now)
+        return True
+
+    def _kick(self, rep: Replica, now: float) -> None:
+        end = rep.engine.begin_step(now)
+        if end is not None:
+            self._push(end, _STEP, rep)
+
+    def _step_done(self, rep: Replica, at: float) -> None:
+        done = rep.engine.end_step(at)
+        for req in done:
+            if req.prefill_only and self.config.disaggregated:
+                self._push(at + self.config.kv_transfer_s, _TRANSFER, req)
+            elif self.on_finish is not None:
+                self.on_finish(req)
+        if rep.state is ReplicaState.GONE:
+            return
+        self._kick(rep, at)
+        if rep.state is ReplicaState.DRAINING and rep.engine.idle and not rep.engine.busy:
+            self._set_state(rep, ReplicaState.GONE, at)
+            self.replicas[rep.role] = [r for r in self.replicas[rep.role] if r.state is not ReplicaState.GONE]

@@ -1,0 +1,310 @@
+"""Trace replay: run one policy (or the hindsight oracle) over a trace on a simulated fleet.
+
+The driver walks arrivals in time order; every ``policy.tick_s`` of simulated time it lets engines send idle
+heartbeats, hands the policy the fleet and the last tick's traffic, and samples the timeline. After the last
+arrival it keeps ticking until every request has finished (at most ``drain_s``).
+
+* :func:`run_policy` — one policy, one fleet.
+* :func:`run_oracle` — per window of ``window_s``, the fewest replicas (instantly ready, fresh fleet) whose
+  replay of that window's requests meets the attainment target; GPU-hours = sum of count x window.
+* :func:`find_fixed_peak` — the smallest constant count whose whole-trace replay meets the target (runs stop
+  early once the misses already exceed what the target allows).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from planner.discovery import Role
+from planner.sim.engine import SimRequest
+from planner.sim.fleet import FleetConfig, ReplicaState, SimFleet
+from planner.sim.metrics import Outcomes, SlaConfig, TimelinePoint
+from planner.sim.policies import FixedPolicy, Policy, TickTraffic
+from planner.sim.timing import StepTimer
+from planner.sim.traces import Trace
+
+__all__ = ["OracleResult", "RunResult", "feasible_mask", "find_fixed_peak", "isolated_ttft_s", "run_oracle",
+           "run_policy"]
+
+Progress = Callable[[str, float], None]  # (label, fraction done)
+
+
+class RunResult:
+    def __init__(self, name: str, outcomes: Outcomes, gpu_hours: float, fleet: SimFleet,
+                 timeline: list[TimelinePoint], wall_s: float, aborted: bool) -> None:
+        self.name = name
+        self.outcomes = outcomes
+        self.gpu_hours = gpu_hours
+        self.fleet = fleet
+        self.events = list(fleet.scale_events)
+        self.timeline = timeline
+        self.wall_s = wall_s
+        self.aborted = aborted
+
+
+class OracleResult(msgspec.Struct, kw_only=True):
+    window_s: float
+    replicas: list[int]  # per window
+    gpu_hours: float
+    wall_s: float
+
+
+def isolated_ttft_s(timer: StepTimer, isl: int, chunk: int, overhead_s: float) -> float:
+    """TTFT of a request alone on an idle engine (chunked prefill)."""
+    done = 0
+    total = 0.0
+    while done < isl:
+        c = min(chunk, isl - done)
+        total += timer.step_time_s(c, done, 0, 0)
+        done += c
+    return total + overhead_s
+
+
+def feasible_mask(trace: Trace, timer: StepTimer, fleet_config: FleetConfig, sla: SlaConfig) -> np.ndarray:
+    """Requests some policy could serve within the SLA: not over ``max_model_len`` and prefill alone on an idle
+    engine within ``ttft_ms``."""
+    eng = fleet_config.engine
+    memo: dict[int, float] = {}
+    out = np.ones(len(trace), dtype=bool)
+    for i, (isl, osl) in enumerate(zip(trace.isl.tolist(), trace.osl.tolist(), strict=True)):
+        if isl + osl > eng.max_model_len:
+            out[i] = False
+            continue
+        t = memo.get(isl)
+        if t is None:
+            t = memo[isl] = isolated_ttft_s(timer, isl, eng.max_num_batched_tokens, eng.ttft_overhead_s)
+        out[i] = t * 1000.0 <= sla.ttft_ms
+    return out
+
+
+def _collect(outcomes: Outcomes, sla: SlaConfig) -> tuple[Callable[[SimRequest], None], list[int]]:
+    misses = [0]
+    ttft_limit = sla.ttft_ms / 1000.0
+    itl_limit = sla.itl_ms / 1000.0
+
+    def on_finish(req: SimRequest) -> None:
+        ttft = req.ttft_s
+        itl = req.itl_s
+        rid = req.rid
+        outcomes.ttft_s[rid] = ttft
+        outcomes.itl_s[rid] = itl
+        outcomes.finish_s[rid] = req.finish_s
+        outcomes.preemptions += req.preemptions
+        if ttft is None or itl is None or ttft > ttft_limit or itl > itl_limit:
+            if outcomes.feasible[rid]:
+                misses[0] += 1
+
+    return on_finish, misses
+
+
+def run_policy(trace: Trace, policy: Policy, *, fleet_config: FleetConfig, timer: StepTimer, sla: SlaConfig,
+               feasible: np.ndarray, initial_replicas: int, drain_s: float = 900.0,
+               max_misses: int | None = None, progress: Progress | None = None,
+               indices: tuple[int, int] | None = None, name: str | None = None) -> RunResult:
+    """Replay ``trace`` (or the slice ``indices``) under ``policy``; every role starts with
+    ``initial_replicas`` ready replicas. With ``max_misses`` the run stops (``aborted``) once more feasible
+    requests than that have missed the SLA."""
+    started = time.perf_counter()
+    label = name or policy.name
+    lo, hi = indices if indices is not None else (0, len(trace))
+    outcomes = Outcomes(len(trace), feasible)
+    on_finish, misses = _collect(outcomes, sla)
+    fleet = SimFleet(fleet_config, timer, sink=policy.make_sink(), on_finish=on_finish, name=label)
+    t0 = float(trace.arrival_s[lo]) if hi > lo else 0.0
+    for role in fleet_config.roles:
+        fleet.scale(role, initial_replicas, t0, instant=True)
+    fleet.scale_events.clear()
+    policy.attach(fleet)
+    arrival = trace.arrival_s
+    isl = trace.isl.tolist()
+    osl = trace.osl.tolist()
+    hashes = trace.hash_ids
+    tick_s = policy.tick_s
+    next_tick = t0 + tick_s
+    timeline: list[TimelinePoint] = []
+    tick_arrivals = 0
+    tick_isl = 0
+    tick_osl = 0
+    last_finished = 0
+    arrival_list = arrival[lo:hi].tolist()
+    total = max(hi - lo, 1)
+    report_every = max(total // 200, 1)
+    aborted = False
+
+    def do_tick(now: float) -> None:
+        nonlocal tick_arrivals, tick_isl, tick_osl, last_finished
+        fleet.heartbeat(now)
+        traffic = TickTraffic(
+            request_rate_per_s=tick_arrivals / tick_s,
+            isl_tokens=tick_isl / tick_arrivals if tick_arrivals else None,
+            osl_tokens=tick_osl / tick_arrivals if tick_arrivals else None,
+        )
+        policy.tick(fleet, now, traffic)
+        ready = 0
+        for role in fleet_config.roles:
+            ready += fleet.counts(role)[ReplicaState.READY]
+        timeline.append(TimelinePoint(at_s=now, replicas=fleet.total_replicas(), ready=ready,
+                                      arrivals_per_s=traffic.request_rate_per_s, ttft_p99_ms=None, itl_p99_ms=None))
+        tick_arrivals = tick_isl = tick_osl = 0
+
+    for k, at in enumerate(arrival_list):
+        i = lo + k
+        while next_tick <= at:
+            fleet.run_until(next_tick)
+            do_tick(next_tick)
+            next_tick += tick_s
+        fleet.submit(SimRequest(i, at, isl[i], osl[i], hashes[i]), at)
+        tick_arrivals += 1
+        tick_isl += isl[i]
+        tick_osl += osl[i]
+        if k % report_every == 0:
+            if progress is not None:
+                progress(label, k / total)
+            if max_misses is not None and misses[0] > max_misses:
+                aborted = True
+                break
+    end_limit = (arrival_list[-1] if arrival_list else t0) + drain_s
+    if not aborted:
+        while next_tick <= end_limit:
+            fleet.run_until(next_tick)
+            if all(r.engine.idle for reps in fleet.replicas.values() for r in reps) and not fleet.pending_transfers:
+                break
+            do_tick(next_tick)
+            next_tick += tick_s
+    end = fleet.now
+    gpu_hours = fleet.gpu_hours(end)
+    fleet.close(end)
+    if progress is not None:
+        progress(label, 1.0)
+    _fill_latency_timeline(timeline, outcomes, arrival, tick_s)
+    return RunResult(label, outcomes, gpu_hours, fleet, timeline, time.perf_counter() - started, aborted)
+
+
+def _fill_latency_timeline(timeline: list[TimelinePoint], outcomes: Outcomes, arrival: np.ndarray,
+                           tick_s: float) -> None:
+    """p99 TTFT / ITL of the requests that arrived during each tick."""
+    if not timeline:
+        return
+    edges = np.asarray([p.at_s for p in timeline])
+    slot = np.searchsorted(edges, arrival, side="left")
+    for j, point in enumerate(timeline):
+        sel = slot == j
+        ttft = outcomes.ttft_s[sel]
+        itl = outcomes.itl_s[sel]
+        ttft = ttft[np.isfinite(ttft)]
+        itl = itl[np.isfinite(itl)]
+        timeline[j] = msgspec.structs.replace(
+            point,
+            ttft_p99_ms=float(np.percentile(ttft, 99)) * 1000.0 if ttft.size else None,
+            itl_p99_ms=float(np.percentile(itl, 99)) * 1000.0 if itl.size else None,
+        )
+
+
+def run_oracle(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla: SlaConfig,
+               feasible: np.ndarray, window_s: float = 60.0, max_replicas: int = 256,
+               progress: Progress | None = None) -> tuple[OracleResult, Outcomes]:
+    """Hindsight oracle (see module docstring). Each window is searched from the previous window's count:
+    down while the target is still met, up until it is."""
+    started = time.perf_counter()
+    outcomes = Outcomes(len(trace), feasible)
+    edges = np.arange(0.0, trace.duration_s + window_s, window_s)
+    bounds = np.searchsorted(trace.arrival_s, edges, side="left").tolist() + [len(trace)]
+    per_window: list[int] = []
+    guess = 1
+    roles = len(fleet_config.roles)
+    n_windows = len(edges)
+
+    def attempt(lo: int, hi: int, n: int) -> tuple[bool, RunResult]:
+        count = int(feasible[lo:hi].sum())
+        allowed = math.floor(count * (1.0 - sla.attainment_target) + 1e-9)
+        res = run_policy(trace, FixedPolicy(n, tick_s=window_s), fleet_config=fleet_config, timer=timer, sla=sla,
+                         feasible=feasible, initial_replicas=n, max_misses=allowed, indices=(lo, hi),
+                         name="oracle", drain_s=3600.0)
+        if res.aborted:
+            return False, res
+        met = res.outcomes.met(sla)[lo:hi] & feasible[lo:hi]
+        return int(met.sum()) >= count - allowed, res
+
+    for w in range(n_windows):
+        lo, hi = bounds[w], bounds[w + 1]
+        if progress is not None:
+            progress("oracle", w / n_windows)
+        if hi <= lo:
+            per_window.append(1)
+            continue
+        n = max(1, guess)
+        ok, res = attempt(lo, hi, n)
+        best: RunResult | None = res if ok else None
+        if ok:
+            while n > 1:
+                ok_down, res_down = attempt(lo, hi, n - 1)
+                if not ok_down:
+                    break
+                n -= 1
+                best = res_down
+        else:
+            while n < max_replicas:
+                n += 1
+                ok_up, res_up = attempt(lo, hi, n)
+                if ok_up:
+                    best = res_up
+                    break
+            if best is None:
+                best = res_up
+        per_window.append(n)
+        guess = n
+        sl = slice(lo, hi)
+        outcomes.ttft_s[sl] = best.outcomes.ttft_s[sl]
+        outcomes.itl_s[sl] = best.outcomes.itl_s[sl]
+        outcomes.finish_s[sl] = best.outcomes.finish_s[sl]
+        outcomes.preemptions += best.outcomes.preemptions
+    gpus = fleet_config.gpus_per_replica * roles
+    gpu_hours = sum(per_window) * window_s * gpus / 3600.0
+    if progress is not None:
+        progress("oracle", 1.0)
+    return (OracleResult(window_s=window_s, replicas=per_window, gpu_hours=gpu_hours,
+                         wall_s=time.perf_counter() - started), outcomes)
+
+
+def find_fixed_peak(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla: SlaConfig,
+                    feasible: np.ndarray, start: int, max_replicas: int = 256,
+                    progress: Progress | None = None) -> tuple[int, RunResult]:
+    """Smallest constant replica count meeting the attainment target over the whole trace, searched from
+    ``start`` (down while met, up until met)."""
+    count = int(feasible.sum())
+    allowed = math.floor(count * (1.0 - sla.attainment_target) + 1e-9)
+
+    def attempt(n: int) -> tuple[bool, RunResult]:
+        res = run_policy(trace, FixedPolicy(n), fleet_config=fleet_config, timer=timer, sla=sla,
+                         feasible=feasible, initial_replicas=n, max_misses=allowed, progress=progress,
+                         name="fixed")
+        if res.aborted:
+            return False, res
+        return int((res.outcomes.met(sla) & feasible).sum()) >= count - allowed, res
+
+    n = max(1, start)
+    ok, res = attempt(n)
+    if ok:
+        best = res
+        while n > 1:
+            ok_down, res_down = attempt(n - 1)
+            if not ok_down:
+                break
+            n -= 1
+            best = res_down
+        return n, best
+    while n < max_replicas:
+        n += 1
+        ok, res = attempt(n)
+        if ok:
+            return n, res
+    return n, res
+
+
+def role_of(fleet_config: FleetConfig) -> tuple[Role, ...]:
+    return fleet_config.roles
