@@ -23,9 +23,14 @@ import msgspec
 
 from planner.actuators.base import ServiceStatus
 from planner.discovery import Role, WorkerRecord
+from planner.errors import PlannerError
 from planner.ingest.store import FleetSnapshot
 
-__all__ = ["DeploymentStatus", "Observation", "RoleLoad", "Traffic"]
+__all__ = ["DeploymentStatus", "Observation", "ObservationError", "RoleLoad", "Traffic"]
+
+
+class ObservationError(PlannerError, ValueError):
+    """An observation (or ``now``) the core cannot decide on; the message says what is wrong."""
 
 
 class DeploymentStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,3 +34,5 @@ class CoreState(msgspec.Struct, frozen=True, kw_only=True):
     started_at: float | None = None
     last_now: float | None = None
     services: dict[str, ServiceState] = msgspec.field(default_factory=dict)
+    # Fleet-wide unknown_worker drop counter at the last tick (a rise: reason unknown_worker_samples).
+    unknown_worker_drops_seen: int = 0

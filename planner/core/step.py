@@ -2,21 +2,310 @@
 
 Pure: ``now`` is an argument, no clock, no I/O, no threads. The pipeline per service:
 reconcile -> recommend (SLA or threshold) -> forecast floor -> bounds -> rate limit -> stabilize -> safety
--> in flight -> GPU budget (across services). See docs/decision_core.md.
+-> in flight, then the GPU budget across services. See docs/decision_core.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
 
 from perf_model.api import PerfPredictor
-from planner.core.config import CoreConfig
-from planner.core.decision import Decision
-from planner.core.observation import Observation
-from planner.core.state import CoreState
-from planner.discovery import Role
+from planner.core.clamp import BudgetAsk, Clamped, apply_bounds, apply_gpu_budget, rate_limit, stabilize
+from planner.core.config import CoreConfig, ForecastMethod, RoleConfig
+from planner.core.decision import (
+    Action,
+    Decision,
+    Mode,
+    Reason,
+    RoleInputs,
+    Stage,
+    StageResult,
+)
+from planner.core.forecast import ForecastState, forecast_rate, update_forecast
+from planner.core.observation import Observation, ObservationError, RoleLoad, Traffic
+from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
+from planner.core.reconcile import Reconciled, reconcile
+from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
+from planner.core.state import CoreState, ServiceState
+from planner.discovery import Role, WorkerRecord
+from planner.ingest.store import DropReason
 
-__all__ = ["step"]
+__all__ = ["group_services", "step"]
+
+_ROLE_ORDER = {role: i for i, role in enumerate(Role)}
+
+
+def group_services(
+    workers: Mapping[str, WorkerRecord], config: CoreConfig
+) -> dict[str, tuple[Role, list[WorkerRecord]]]:
+    """Services to decide, with their role and workers: every discovered worker's ``service``, plus each
+    role's configured ``service`` (decided even with no worker discovered). A service's role is that of its
+    workers (the lowest worker id wins should they disagree)."""
+    groups: dict[str, tuple[Role, list[WorkerRecord]]] = {}
+    for record in workers.values():
+        group = groups.get(record.service)
+        if group is None:
+            groups[record.service] = (record.role, [record])
+        else:
+            group[1].append(record)
+            if record.role != group[0] and record.worker_id < min(w.worker_id for w in group[1]):
+                groups[record.service] = (record.role, group[1])
+    for role, role_config in config.roles.items():
+        if role_config.service is not None and role_config.service not in groups:
+            groups[role_config.service] = (role, [])
+    return groups
+
+
+class _Draft(msgspec.Struct, kw_only=True):
+    """One service's decision before the GPU budget (mutable scratch, never leaves this module)."""
+
+    role: Role
+    service: str
+    role_config: RoleConfig
+    current: int
+    ready: int
+    recon: Reconciled
+    load: RoleLoad
+    traffic: Traffic | None
+    rec: Recommendation
+    forecast_rate_per_s: float | None
+    stages: list[StageResult]
+    reasons: list[Reason]
+    value: int
+    state: ServiceState
+
+
+def _prune(
+    entries: tuple[tuple[float, int], ...], now: float, keep_s: float
+) -> tuple[tuple[float, int], ...]:
+    if not entries or entries[0][0] > now - keep_s:
+        return entries
+    return tuple(entry for entry in entries if entry[0] > now - keep_s)
+
+
+def _stage(stages: list[StageResult], reasons: list[Reason], stage: Stage, clamped: Clamped) -> int:
+    stages.append(
+        StageResult(stage=stage, replicas=clamped.replicas, reason=clamped.reason, detail=clamped.detail)
+    )
+    if clamped.reason is not None:
+        reasons.append(clamped.reason)
+    return clamped.replicas
+
+
+def _recommend(
+    role: Role,
+    rc: RoleConfig,
+    current: int,
+    recon: Reconciled,
+    load: RoleLoad,
+    traffic: Traffic | None,
+    predictor: PerfPredictor | None,
+) -> tuple[Recommendation, tuple[Reason, ...]]:
+    extra: tuple[Reason, ...] = ()
+    if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
+        search_max = max(rc.max_replicas, current, 1) * 4
+        return recommend_sla(
+            role, current, recon, load, traffic, predictor, rc.sla, rc.headroom_frac, search_max
+        ), extra
+    if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
+        extra = (Reason.PERF_MODEL_NOT_READY,)
+    return recommend_threshold(role, current, recon, load, rc.threshold), extra
+
+
+def _draft(
+    role: Role,
+    service: str,
+    workers: Sequence[WorkerRecord],
+    observation: Observation,
+    now: float,
+    config: CoreConfig,
+    sstate: ServiceState,
+    started_at: float,
+    predictor: PerfPredictor | None,
+) -> _Draft:
+    rc = config.role(role)
+    deployment = observation.deployments.get(service)
+    recon = reconcile(role, service, workers, observation.fleet, deployment)
+    coverage = recon.coverage
+    if deployment is not None:
+        current, ready = deployment.desired, deployment.ready
+    else:
+        current, ready = coverage.discovered - coverage.not_ready, coverage.healthy
+    override = observation.load_override.get(role)
+    load = override if override is not None else recon.load
+    raw_traffic = observation.traffic.get(role)
+    traffic = raw_traffic.clean() if raw_traffic is not None else None
+    stages: list[StageResult] = []
+    reasons: list[Reason] = []
+
+    # recommend
+    rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor)
+    stages.append(
+        StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail)
+    )
+    reasons.append(rec.reason)
+    reasons.extend(extra)
+    if recon.engines_silent and override is None:
+        reasons.append(Reason.SILENT_COUNTED_IDLE)
+    if override is not None:
+        reasons.append(Reason.LOAD_OVERRIDDEN)
+    value = rec.replicas
+
+    # forecast floor
+    fstate: ForecastState = sstate.forecast
+    predicted_rate: float | None = None
+    fc = rc.forecast
+    if fc.method != ForecastMethod.NONE:
+        rate = traffic.request_rate_per_s if traffic is not None else None
+        if rate is not None:
+            fstate = update_forecast(fstate, rate, now, fc)
+            predicted_rate = forecast_rate(fstate, fc)
+        capacity = fc.replica_capacity_rps
+        if capacity is None and rate is not None and rate > 0 and rec.replicas > 0:
+            capacity = rate / rec.replicas
+        if predicted_rate is None or (capacity is None and predicted_rate > 0):
+            value = _stage(
+                stages,
+                reasons,
+                Stage.FORECAST,
+                Clamped(
+                    replicas=value, reason=Reason.FORECAST_NO_DATA, detail="no request rate to forecast from"
+                ),
+            )
+        else:
+            floor = math.ceil(predicted_rate / capacity - 1e-9) if capacity and predicted_rate > 0 else 0
+            detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s -> floor {floor}"
+            if floor > value:
+                value = _stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(replicas=floor, reason=Reason.FORECAST_FLOOR, detail=detail),
+                )
+            else:
+                value = _stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(replicas=value, reason=Reason.FORECAST_BELOW_LOAD, detail=detail),
+                )
+
+    # bounds
+    value = _stage(stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas))
+    keep_recs_s = max(rc.scale_up.stabilization_window_s, rc.scale_down.stabilization_window_s)
+    recommendations = (*_prune(sstate.recommendations, now, keep_recs_s), (now, value))
+    keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
+    events = _prune(sstate.scale_events, now, keep_events_s)
+
+    # rate limit, stabilize
+    value = _stage(
+        stages, reasons, Stage.RATE_LIMIT, rate_limit(value, current, events, now, rc.scale_up, rc.scale_down)
+    )
+    value = _stage(
+        stages,
+        reasons,
+        Stage.STABILIZE,
+        stabilize(
+            value,
+            current,
+            recommendations,
+            now,
+            rc.scale_up.stabilization_window_s,
+            rc.scale_down.stabilization_window_s,
+        ),
+    )
+
+    # safety: no scale-down on incomplete coverage, nor before a full window of it
+    since = next_coverage_since(coverage, sstate.coverage_complete_since, now)
+    if value < current:
+        allowed, why, detail = coverage_gate(
+            coverage, since, started_at, now, rc.scale_down.stabilization_window_s
+        )
+        if not allowed:
+            stages.append(StageResult(stage=Stage.SAFETY, replicas=current, reason=why[0], detail=detail))
+            reasons.extend(why)
+            value = current
+        else:
+            stages.append(StageResult(stage=Stage.SAFETY, replicas=value))
+    else:
+        stages.append(StageResult(stage=Stage.SAFETY, replicas=value))
+
+    # in flight
+    in_flight = deployment is not None and deployment.in_flight
+    in_flight_since = (
+        (sstate.in_flight_since if sstate.in_flight_since is not None else now) if in_flight else None
+    )
+    clamped, extra_in_flight = hold_in_flight(
+        value, current, deployment, in_flight_since, now, rc.pending_timeout_s
+    )
+    value = _stage(stages, reasons, Stage.IN_FLIGHT, clamped)
+    reasons.extend(extra_in_flight)
+
+    new_state = ServiceState(
+        recommendations=recommendations,
+        scale_events=events,
+        coverage_complete_since=since,
+        in_flight_since=in_flight_since,
+        forecast=fstate,
+    )
+    return _Draft(
+        role=role,
+        service=service,
+        role_config=rc,
+        current=current,
+        ready=ready,
+        recon=recon,
+        load=load,
+        traffic=traffic,
+        rec=rec,
+        forecast_rate_per_s=predicted_rate,
+        stages=stages,
+        reasons=reasons,
+        value=value,
+        state=new_state,
+    )
+
+
+def _inputs(d: _Draft, overridden: bool) -> RoleInputs:
+    recon, load = d.recon, d.load
+    dp_engines = recon.engines_reporting
+    kv_cap = recon.kv_capacity_tokens * dp_engines
+    t = d.traffic
+    return RoleInputs(
+        current_replicas=d.current,
+        ready_replicas=d.ready,
+        engines_expected=recon.engines_expected,
+        engines_reporting=recon.engines_reporting,
+        queued_prefill_tokens=load.queued_prefill_tokens,
+        scheduled_prefill_tokens=load.scheduled_prefill_tokens,
+        prefill_token_budget=recon.max_num_batched_tokens * dp_engines,
+        decode_requests=load.decode_requests,
+        queued_decode_requests=load.queued_decode_requests,
+        decode_seq_budget=recon.max_num_seqs * dp_engines,
+        decode_kv_tokens=load.decode_kv_tokens,
+        kv_capacity_tokens=kv_cap,
+        kv_usage_frac=load.decode_kv_tokens / kv_cap if kv_cap > 0 else None,
+        request_rate_per_s=t.request_rate_per_s if t is not None else None,
+        isl_tokens=t.isl_tokens if t is not None else None,
+        osl_tokens=t.osl_tokens if t is not None else None,
+        forecast_rate_per_s=d.forecast_rate_per_s,
+        predicted_ttft_ms=d.rec.predicted_ttft_ms,
+        predicted_itl_ms=d.rec.predicted_itl_ms,
+        overridden=overridden,
+    )
+
+
+def _summary(d: _Draft, final: int, action: Action, stages: Sequence[StageResult]) -> str:
+    head = {
+        Action.SCALE_UP: f"scale up {d.current} -> {final}",
+        Action.SCALE_DOWN: f"scale down {d.current} -> {final}",
+        Action.HOLD: f"hold at {final}",
+    }[action]
+    why = [f"{s.stage.value}: {s.detail}" for s in stages if s.reason is not None and s.detail]
+    return f"{d.role.value} {d.service!r}: {head}" + (" (" + "; ".join(why) + ")" if why else "")
 
 
 def step(
@@ -31,8 +320,87 @@ def step(
 
     Returns the new state (pass it to the next call) and one :class:`Decision` per service, holds included,
     sorted by role then service. ``predictors`` (per role) enables SLA mode for roles whose config mode is
-    ``sla`` or ``auto``; a predictor that is not ``ready`` falls back to threshold mode with the reason
-    ``perf_model_not_ready``. To answer "what if" without acting, call ``step`` and discard the returned
-    state.
+    ``sla`` or ``auto``; a missing or not-ready predictor falls back to threshold mode (reason
+    ``perf_model_not_ready`` when one was asked for). To answer "what if" without acting, call ``step`` and
+    discard the returned state.
+
+    Raises :class:`planner.core.observation.ObservationError` when ``now`` is not finite or goes back in time.
     """
-    raise NotImplementedError("decision pipeline lands in the next commit")
+    if not math.isfinite(now):
+        raise ObservationError(f"now must be a finite number of seconds, got {now!r}")
+    if state.last_now is not None and now < state.last_now:
+        raise ObservationError(f"now went backwards: {now} after {state.last_now}")
+    started_at = state.started_at if state.started_at is not None else now
+    tick = state.tick + 1
+    groups = group_services(observation.workers, config)
+    ordered = sorted(groups.items(), key=lambda item: (_ROLE_ORDER[item[1][0]], item[0]))
+    unknown_drops = observation.fleet.drops.get(DropReason.UNKNOWN_WORKER, 0)
+    new_unknown = unknown_drops > state.unknown_worker_drops_seen
+
+    drafts: list[_Draft] = []
+    for service, (role, workers) in ordered:
+        sstate = state.services.get(service) or ServiceState()
+        predictor = predictors.get(role) if predictors else None
+        drafts.append(_draft(role, service, workers, observation, now, config, sstate, started_at, predictor))
+
+    budget = apply_gpu_budget(
+        [
+            BudgetAsk(
+                key=d.service,
+                current=d.current,
+                wanted=d.value,
+                gpus_per_replica=d.role_config.gpus_per_replica,
+            )
+            for d in drafts
+        ],
+        config.max_total_gpus,
+    )
+
+    decisions: list[Decision] = []
+    services: dict[str, ServiceState] = {}
+    for d in drafts:
+        final = _stage(d.stages, d.reasons, Stage.GPU_BUDGET, budget[d.service])
+        if new_unknown:
+            d.reasons.append(Reason.UNKNOWN_WORKER_SAMPLES)
+        if final > d.current:
+            action, outcome = Action.SCALE_UP, Reason.SCALE_UP
+        elif final < d.current:
+            action, outcome = Action.SCALE_DOWN, Reason.SCALE_DOWN
+        else:
+            action, outcome = Action.HOLD, Reason.HOLD
+        d.reasons.append(outcome)
+        sstate = d.state
+        if final != d.current:
+            sstate = msgspec.structs.replace(
+                sstate, scale_events=(*sstate.scale_events, (now, final - d.current))
+            )
+        services[d.service] = sstate
+        stages = tuple(d.stages)
+        decisions.append(
+            Decision(
+                id=f"{tick}-{d.service}",
+                tick=tick,
+                at=now,
+                role=d.role,
+                service=d.service,
+                mode=d.rec.mode,
+                current_replicas=d.current,
+                recommended_replicas=d.rec.replicas,
+                final_replicas=final,
+                action=action,
+                reasons=tuple(dict.fromkeys(d.reasons)),
+                stages=stages,
+                coverage=d.recon.coverage,
+                inputs=_inputs(d, d.load is not d.recon.load),
+                summary=_summary(d, final, action, stages),
+                gpus_per_replica=d.role_config.gpus_per_replica,
+            )
+        )
+    new_state = CoreState(
+        tick=tick,
+        started_at=started_at,
+        last_now=now,
+        services=services,
+        unknown_worker_drops_seen=unknown_drops,
+    )
+    return new_state, tuple(decisions)

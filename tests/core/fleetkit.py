@@ -1,0 +1,121 @@
+"""Builds real FleetStore snapshots for decision-core tests: discovered workers, FPM samples ingested on their
+endpoints exactly as the subscriber would, and deployment statuses. No fakes of the project's own code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from planner.core import CoreConfig, CoreState, Decision, DeploymentStatus, Observation, Traffic, step
+from planner.discovery import EngineCapacity, Role, WorkerRecord, default_endpoints
+from planner.ingest.store import FleetStore
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+__all__ = ["Fleet", "Load"]
+
+CAPACITY = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=8192,
+                          kv_capacity_tokens=100_000)
+
+
+class Load:
+    """Per-rank load of one FPM sample."""
+
+    def __init__(self, *, queued_prefill: int = 0, prefill: int = 0, decode: int = 0, kv: int = 0,
+                 queued_decode: int = 0) -> None:
+        self.queued_prefill = queued_prefill
+        self.prefill = prefill
+        self.decode = decode
+        self.kv = kv
+        self.queued_decode = queued_decode
+
+    @property
+    def idle(self) -> bool:
+        return not (self.queued_prefill or self.prefill or self.decode or self.kv or self.queued_decode)
+
+
+IDLE = Load()
+
+
+class Fleet:
+    """A set of discovered workers over a real :class:`FleetStore`, and the deployments they belong to."""
+
+    def __init__(self, *, ttl_s: float = 10.0) -> None:
+        self.store = FleetStore(ttl_s=ttl_s, window_size=4)
+        self.workers: dict[str, WorkerRecord] = {}
+        self.counters: dict[tuple[str, int], int] = {}
+        self.deployments: dict[str, DeploymentStatus] = {}
+        self._host = 0
+
+    def add(self, worker_id: str, role: Role, service: str | None = None, *, dp: int = 1,
+            capacity: EngineCapacity = CAPACITY) -> WorkerRecord:
+        self._host += 1
+        record = WorkerRecord(worker_id=worker_id, role=role, service=service or role.value, dp_size=dp,
+                              fpm_endpoints=default_endpoints(f"10.0.{self._host // 250}.{self._host % 250}", dp),
+                              capacity=capacity)
+        self.workers[worker_id] = record
+        self.store.set_workers(self.workers)
+        return record
+
+    def add_many(self, n: int, role: Role, service: str | None = None, *, dp: int = 1,
+                 prefix: str | None = None) -> list[WorkerRecord]:
+        start = sum(1 for w in self.workers.values() if w.role == role)
+        return [self.add(f"{prefix or role.value}-{start + i}", role, service, dp=dp) for i in range(n)]
+
+    def remove(self, worker_id: str) -> None:
+        del self.workers[worker_id]
+        self.store.set_workers(self.workers)
+
+    def deploy(self, service: str, desired: int, ready: int | None = None, *, in_flight: bool = False,
+               not_ready: tuple[str, ...] = ()) -> None:
+        self.deployments[service] = DeploymentStatus(service=service, desired=desired,
+                                                     ready=desired if ready is None else ready,
+                                                     action_in_flight=in_flight, not_ready_workers=not_ready)
+
+    def publish(self, worker_id: str, now: float, load: Load = IDLE, *, ranks: Iterable[int] | None = None,
+                as_id: str | None = None) -> None:
+        """One sample per rank (``ranks``: a subset) on the worker's own endpoints, under ``as_id`` when given
+        (``""`` for an engine whose identity was never synced)."""
+        record = self.workers[worker_id]
+        for rank in (range(record.dp_size) if ranks is None else ranks):
+            key = (worker_id, rank)
+            counter = self.counters.get(key, -1) + 1
+            self.counters[key] = counter
+            sample = ForwardPassMetrics(
+                worker_id=worker_id if as_id is None else as_id,
+                dp_rank=rank,
+                counter_id=counter,
+                wall_time=0.0 if load.idle else 0.02,
+                scheduled_requests=ScheduledRequests(num_prefill_requests=1 if load.prefill else 0,
+                                                     sum_prefill_tokens=load.prefill,
+                                                     num_decode_requests=load.decode,
+                                                     sum_decode_kv_tokens=load.kv),
+                queued_requests=QueuedRequests(num_prefill_requests=1 if load.queued_prefill else 0,
+                                               sum_prefill_tokens=load.queued_prefill,
+                                               num_decode_requests=load.queued_decode),
+            )
+            self.store.ingest(record.fpm_endpoints[rank], sample, now, now)
+
+    def publish_all(self, now: float, load: Load = IDLE, *, role: Role | None = None,
+                    skip: Iterable[str] = ()) -> None:
+        skipped = set(skip)
+        for wid, record in self.workers.items():
+            if wid not in skipped and (role is None or record.role == role):
+                self.publish(wid, now, load)
+
+    def stray(self, endpoint: str, worker_id: str, now: float) -> None:
+        """A sample from an id nobody registered, on an endpoint nobody registered."""
+        self.store.ingest(endpoint, ForwardPassMetrics(worker_id=worker_id, dp_rank=0, counter_id=1,
+                                                       wall_time=0.02), now, now)
+
+    def observe(self, now: float, traffic: Mapping[Role, Traffic] | None = None) -> Observation:
+        return Observation(workers=dict(self.workers), fleet=self.store.snapshot(now),
+                           deployments=dict(self.deployments), traffic=dict(traffic or {}))
+
+    def tick(self, state: CoreState, now: float, config: CoreConfig,
+             traffic: Mapping[Role, Traffic] | None = None, **kwargs: object) -> tuple[CoreState, dict[str, Decision]]:
+        """One decision tick; the decisions by service. (Applying them is the caller's business.)"""
+        state, decisions = step(state, self.observe(now, traffic), now, config, **kwargs)  # type: ignore[arg-type]
+        return state, {d.service: d for d in decisions}
+
+    def apply(self, decision: Decision) -> None:
+        """Settle a decision instantly: the deployment's desired and ready counts become the final count."""
+        self.deploy(decision.service, decision.final_replicas)
