@@ -17,7 +17,7 @@ covered; silent workers beyond that are the ones still starting).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -26,7 +26,7 @@ from planner.core.observation import DeploymentStatus, RoleLoad
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import DropReason, FleetSnapshot
 
-__all__ = ["Reconciled", "reconcile"]
+__all__ = ["Reconciled", "reconcile", "reconcile_services"]
 
 
 class Reconciled(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +44,84 @@ class Reconciled(msgspec.Struct, frozen=True, kw_only=True):
     prefill_requests: float  # scheduled + queued prefill requests over fresh ranks
 
 
+_SUSPECT_DROPS = (
+    DropReason.EMPTY_WORKER_ID,
+    DropReason.UNKNOWN_WORKER,
+    DropReason.FOREIGN_ENDPOINT,
+    DropReason.INVALID_VALUE,
+)
+
+
+class _Acc:
+    """Load sums of one service while scanning ranks (mutable scratch)."""
+
+    __slots__ = ("dr", "fresh", "kv", "preq", "qd", "qp", "sp")
+
+    def __init__(self) -> None:
+        # ints: FPM counts are ints, and int sums are measurably faster than float ones in this loop
+        self.qp = self.sp = self.dr = self.qd = self.kv = self.preq = self.fresh = 0
+
+
+def reconcile_services(
+    groups: Mapping[str, tuple[Role, Sequence[WorkerRecord]]],
+    fleet: FleetSnapshot,
+    deployments: Mapping[str, DeploymentStatus],
+) -> dict[str, Reconciled]:
+    """Reconcile every service in ``groups`` (service -> (role, workers)) in one pass over ``fleet.ranks``.
+
+    Cost: one short step per rank (freshness and five counters of its latest sample); endpoints are checked
+    only for workers whose endpoints had samples dropped as empty, unknown, foreign or invalid (the store
+    counts those per worker), so a healthy fleet of 4,096 x 8 ranks reconciles in a few milliseconds.
+    """
+    service_of: dict[str, str] = {}
+    for service, (_, workers) in groups.items():
+        for record in workers:
+            service_of[record.worker_id] = service
+    accs: dict[str, _Acc] = {service: _Acc() for service in groups}
+    missing: dict[str, list[int]] = {}
+    cur_service: str | None = None
+    acc = _Acc()
+    qp = sp = dr = qd = kv = preq = fresh = 0
+    for view in fleet.ranks.values():
+        svc = service_of.get(view.worker_id)
+        if svc is None:
+            continue
+        if svc is not cur_service:
+            if cur_service is not None:
+                acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh = qp, sp, dr, qd, kv, preq, fresh
+            cur_service = svc
+            acc = accs[svc]
+            qp, sp, dr, qd, kv, preq, fresh = acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh
+        if view.fresh:
+            sample = view.latest
+            if sample is None:  # never: the store marks a rank fresh only after a sample
+                continue
+            sched = sample.scheduled_requests
+            queued = sample.queued_requests
+            qp += queued.sum_prefill_tokens
+            sp += sched.sum_prefill_tokens
+            dr += sched.num_decode_requests
+            qd += queued.num_decode_requests
+            kv += sched.sum_decode_kv_tokens
+            preq += sched.num_prefill_requests
+            preq += queued.num_prefill_requests
+            fresh += 1
+        else:
+            missing.setdefault(view.worker_id, []).append(view.dp_rank)
+    if cur_service is not None:
+        acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh = qp, sp, dr, qd, kv, preq, fresh
+
+    suspects = {
+        wid for wid, per in fleet.drops_by_worker.items() if any(per.get(reason) for reason in _SUSPECT_DROPS)
+    }
+    return {
+        service: _classify(
+            role, service, workers, fleet, deployments.get(service), accs[service], missing, suspects
+        )
+        for service, (role, workers) in groups.items()
+    }
+
+
 def reconcile(
     role: Role,
     service: str,
@@ -51,15 +129,29 @@ def reconcile(
     fleet: FleetSnapshot,
     deployment: DeploymentStatus | None,
 ) -> Reconciled:
-    """Classify ``workers`` (all of ``service``) against ``fleet`` and ``deployment``."""
+    """Reconcile one service (see :func:`reconcile_services`, which does every service in one pass)."""
+    deployments = {service: deployment} if deployment is not None else {}
+    return reconcile_services({service: (role, workers)}, fleet, deployments)[service]
+
+
+def _classify(
+    role: Role,
+    service: str,
+    workers: Sequence[WorkerRecord],
+    fleet: FleetSnapshot,
+    deployment: DeploymentStatus | None,
+    acc: _Acc,
+    missing_by_worker: Mapping[str, list[int]],
+    suspects: set[str],
+) -> Reconciled:
     ranks = fleet.ranks
     endpoints = fleet.endpoints
     horizon = fleet.now - fleet.ttl_s
     not_ready_ids = frozenset(deployment.not_ready_workers) if deployment is not None else frozenset()
 
     healthy = partial = silent = unsynced = not_ready = 0
-    ranks_expected = ranks_fresh = 0
-    qp = sp = dr = qd = kv = preq = 0.0
+    ranks_expected = 0
+    ranks_fresh = 0
     mnbt_sum = seqs_sum = kvcap_sum = 0.0
     kvcap_engines = 0
     problems: list[WorkerCoverage] = []
@@ -84,57 +176,45 @@ def reconcile(
         if cap.kv_capacity_tokens > 0:
             kvcap_sum += cap.kv_capacity_tokens * dp
             kvcap_engines += dp
-        fresh_here = 0
-        missing: list[int] | None = None
-        foreign: list[str] | None = None
-        for rank, endpoint in enumerate(record.fpm_endpoints):
-            seen = endpoints.get(endpoint)
-            if (
-                seen is not None
-                and (seen.worker_id != wid or seen.dp_rank != rank)
-                and seen.last_at >= horizon
-            ):
-                if foreign is None:
-                    foreign = []
-                foreign.append(seen.worker_id if seen.worker_id != wid else f"{wid}#rank{seen.dp_rank}")
-            view = ranks.get((wid, rank))
-            if view is None or not view.fresh or view.latest is None:
-                if missing is None:
-                    missing = []
-                missing.append(rank)
-                continue
-            fresh_here += 1
-            sample = view.latest
-            sched = sample.scheduled_requests
-            queued = sample.queued_requests
-            qp += queued.sum_prefill_tokens
-            sp += sched.sum_prefill_tokens
-            dr += sched.num_decode_requests
-            qd += queued.num_decode_requests
-            kv += sched.sum_decode_kv_tokens
-            preq += sched.num_prefill_requests + queued.num_prefill_requests
-        ranks_fresh += fresh_here
-        if foreign is not None:
+        missing_list = missing_by_worker.get(wid)
+        if (wid, dp - 1) not in ranks:
+            # Not (or not fully) in the store's snapshot: discovery moved on since set_workers.
+            absent = [rank for rank in range(dp) if (wid, rank) not in ranks]
+            missing_list = sorted({*(missing_list or ()), *absent})
+        missing = tuple(sorted(missing_list)) if missing_list else ()
+        ranks_fresh += dp - len(missing)
+        foreign: list[str] = []
+        if wid in suspects:
+            for rank, endpoint in enumerate(record.fpm_endpoints):
+                seen = endpoints.get(endpoint)
+                if (
+                    seen is not None
+                    and (seen.worker_id != wid or seen.dp_rank != rank)
+                    and seen.last_at >= horizon
+                ):
+                    foreign.append(seen.worker_id if seen.worker_id != wid else f"{wid}#rank{seen.dp_rank}")
+        if foreign:
             unsynced += 1
-            shown = ", ".join(repr(x) for x in sorted(set(foreign)))
+            published = tuple(sorted(set(foreign)))
+            shown = ", ".join(repr(x) for x in published)
             problems.append(
                 WorkerCoverage(
                     worker_id=wid,
                     status=WorkerStatus.IDENTITY_NOT_SYNCED,
-                    missing_ranks=tuple(missing or ()),
-                    published_as=tuple(sorted(set(foreign))),
+                    missing_ranks=missing,
+                    published_as=published,
                     detail=f"its endpoint publishes under {shown}, not {wid!r}: identity not synced",
                 )
             )
-        elif missing is None:
+        elif not missing:
             healthy += 1
-        elif fresh_here:
+        elif len(missing) < dp:
             partial += 1
             problems.append(
                 WorkerCoverage(
                     worker_id=wid,
                     status=WorkerStatus.PARTIAL,
-                    missing_ranks=tuple(missing),
+                    missing_ranks=missing,
                     detail=f"no fresh FPM from rank(s) {', '.join(map(str, missing))} of {dp}",
                 )
             )
@@ -144,7 +224,7 @@ def reconcile(
                 WorkerCoverage(
                     worker_id=wid,
                     status=WorkerStatus.SILENT,
-                    missing_ranks=tuple(missing),
+                    missing_ranks=missing,
                     detail="no fresh FPM from any rank",
                 )
             )
@@ -191,18 +271,18 @@ def reconcile(
     return Reconciled(
         coverage=coverage,
         load=RoleLoad(
-            queued_prefill_tokens=qp,
-            scheduled_prefill_tokens=sp,
-            decode_requests=dr,
-            queued_decode_requests=qd,
-            decode_kv_tokens=kv,
+            queued_prefill_tokens=acc.qp,
+            scheduled_prefill_tokens=acc.sp,
+            decode_requests=acc.dr,
+            queued_decode_requests=acc.qd,
+            decode_kv_tokens=acc.kv,
         ),
         engines_expected=ranks_expected,
         engines_reporting=ranks_fresh,
-        engines_silent=ranks_expected - ranks_fresh,
+        engines_silent=max(ranks_expected - ranks_fresh, 0),
         dp_per_replica=dp_per_replica,
         max_num_batched_tokens=mnbt_sum / ranks_expected if ranks_expected else 0.0,
         max_num_seqs=seqs_sum / ranks_expected if ranks_expected else 0.0,
         kv_capacity_tokens=kvcap_sum / kvcap_engines if kvcap_engines else 0.0,
-        prefill_requests=preq,
+        prefill_requests=acc.preq,
     )

@@ -27,7 +27,7 @@ from planner.core.decision import (
 from planner.core.forecast import ForecastState, forecast_rate, update_forecast
 from planner.core.observation import Observation, ObservationError, RoleLoad, Traffic
 from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
-from planner.core.reconcile import Reconciled, reconcile
+from planner.core.reconcile import Reconciled, reconcile_services
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
 from planner.core.state import CoreState, ServiceState
 from planner.discovery import Role, WorkerRecord
@@ -125,10 +125,11 @@ def _draft(
     sstate: ServiceState,
     started_at: float,
     predictor: PerfPredictor | None,
+    reconciled: Mapping[str, Reconciled],
 ) -> _Draft:
     rc = config.role(role)
     deployment = observation.deployments.get(service)
-    recon = reconcile(role, service, workers, observation.fleet, deployment)
+    recon = reconciled[service]
     coverage = recon.coverage
     if deployment is not None:
         current, ready = deployment.desired, deployment.ready
@@ -337,11 +338,16 @@ def step(
     unknown_drops = observation.fleet.drops.get(DropReason.UNKNOWN_WORKER, 0)
     new_unknown = unknown_drops > state.unknown_worker_drops_seen
 
+    reconciled = reconcile_services(groups, observation.fleet, observation.deployments)
     drafts: list[_Draft] = []
     for service, (role, workers) in ordered:
         sstate = state.services.get(service) or ServiceState()
         predictor = predictors.get(role) if predictors else None
-        drafts.append(_draft(role, service, workers, observation, now, config, sstate, started_at, predictor))
+        drafts.append(
+            _draft(
+                role, service, workers, observation, now, config, sstate, started_at, predictor, reconciled
+            )
+        )
 
     budget = apply_gpu_budget(
         [
