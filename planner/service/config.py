@@ -90,17 +90,12 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ingest: IngestConfig = IngestConfig()
     history: HistoryConfig = HistoryConfig()
     actuator: ActuatorConfig = ActuatorConfig()
-    services: dict[str, str] = {}  # role -> the deployment's service name (default: the role's name)
     core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
     auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused
 
     def __post_init__(self) -> None:
         if self.discovery.max_ttl_s < self.discovery.default_ttl_s:
             raise ValueError("discovery.max_ttl_s must be >= discovery.default_ttl_s")
-        roles = {"prefill", "decode", "agg"}
-        for role in self.services:
-            if role not in roles:
-                raise ValueError(f"services: unknown role {role!r} (expected one of agg, decode, prefill)")
 
 
 ENV_VARS: dict[str, tuple[str, ...]] = {

@@ -613,6 +613,7 @@ class PlannerRunner:
                     **self._classification(wid, ranks),
                 }
             )
+        services = self._service_counts(workers)
         return {
             "now_s": time.time(),
             "leader": self.is_leader,
@@ -630,7 +631,8 @@ class PlannerRunner:
                 "static_file_error": None if self.static is None else self.static.last_error,
             },
             "workers": workers,
-            "roles": self._role_counts(workers),
+            "services": services,
+            "roles": _role_counts(services),
             "drops": {str(k): v for k, v in snapshot.drops.items()},
             "actuator": {
                 "configured": self.actuator is not None,
@@ -644,46 +646,93 @@ class PlannerRunner:
         }
 
     def _classification(self, worker_id: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-        """The worker's classification and its cause (from the core's Coverage when there is one)."""
+        """The worker's classification and its cause, now (read off the live snapshot with the core's
+        rules), and as the core's Coverage had it at the last tick (``at_last_tick``; None: not covered)."""
+        record = self._workers.get(worker_id)
+        decision = self.last_decisions.get(record.service) if record is not None else None
+        at_last_tick: dict[str, Any] | None = None
+        if decision is not None:
+            at_last_tick = {"classification": "healthy", "cause": "fresh FPM on every rank"}
+            for problem in decision.coverage.problems:
+                if problem.worker_id == worker_id:
+                    at_last_tick = {"classification": problem.status.value, "cause": problem.detail}
         missing = [r["dp_rank"] for r in ranks if not r["fresh"]]
-        foreign = [
-            r
-            for r in ranks
-            if r["endpoint_publishes_as"] is not None and r["endpoint_publishes_as"] != worker_id
-        ]
+        foreign = [r for r in ranks if r["endpoint_publishes_as"] not in (None, worker_id)]
         if foreign:
-            names = ", ".join(
-                f"rank {r['dp_rank']} publishes as {r['endpoint_publishes_as']!r}" for r in foreign
-            )
-            return {"classification": "identity_not_synced", "cause": names}
-        if not missing:
-            return {"classification": "healthy", "cause": "fresh FPM on every rank"}
-        if len(missing) == len(ranks):
+            shown = ", ".join(repr(r["endpoint_publishes_as"]) for r in foreign)
+            classification = "identity_not_synced"
+            cause = f"its endpoint publishes under {shown}, not {worker_id!r}: identity not synced"
+        elif not missing:
+            classification, cause = "healthy", "fresh FPM on every rank"
+        elif len(missing) == len(ranks):
             heard = any(r["last_sample_age_s"] is not None for r in ranks)
-            cause = "no fresh FPM (last sample older than the TTL)" if heard else "no FPM received yet"
-            return {"classification": "silent", "cause": cause}
+            classification = "silent"
+            cause = "no fresh FPM from any rank" if heard else "no FPM received yet"
+        else:
+            classification = "partial"
+            cause = f"no fresh FPM from rank(s) {', '.join(map(str, missing))} of {len(ranks)}"
         return {
-            "classification": "partial",
-            "cause": "no fresh FPM from rank(s) " + ", ".join(str(m) for m in missing),
+            "classification": classification,
+            "cause": cause,
+            "missing_ranks": missing,
+            "published_as": sorted({str(r["endpoint_publishes_as"]) for r in foreign}),
+            "at_last_tick": at_last_tick,
         }
 
-    def _role_counts(self, workers: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for role in Role:
-            mine = [w for w in workers if w["role"] == role.value]
-            service = self.service_for(role)
+    def _service_counts(self, workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Discovered vs FPM-covered vs deployment counts per service, now; with the core's Coverage verdict
+        at the last tick (complete enough for a scale-down, and the gaps when not)."""
+        names = sorted({w["service"] for w in workers} | set(self.last_decisions))
+        out = []
+        for service in names:
+            decision = self.last_decisions.get(service)
+            mine = [w for w in workers if w["service"] == service]
             status = None if self.status is None else self.status.get(service)
-            out[role.value] = {
-                "service": service,
-                "discovered": len(mine),
-                "fpm_covered": sum(1 for w in mine if w["classification"] == "healthy"),
-                "deployment_desired": None if status is None else status.desired,
-                "deployment_ready": None if status is None else status.ready,
+            by_class = {
+                c: sum(1 for w in mine if w["classification"] == c)
+                for c in ("healthy", "partial", "silent", "identity_not_synced", "not_ready")
             }
+            role = mine[0]["role"] if mine else (decision.role.value if decision is not None else "")
+            out.append(
+                {
+                    "service": service,
+                    "role": role,
+                    "discovered": len(mine),
+                    "fpm_covered": by_class["healthy"],
+                    "partial": by_class["partial"],
+                    "silent": by_class["silent"],
+                    "identity_not_synced": by_class["identity_not_synced"],
+                    "ranks_expected": sum(len(w["ranks"]) for w in mine),
+                    "ranks_fresh": sum(1 for w in mine for r in w["ranks"] if r["fresh"]),
+                    "deployment_desired": None if status is None else status.desired,
+                    "deployment_ready": None if status is None else status.ready,
+                    "coverage_at_last_tick": None
+                    if decision is None
+                    else {
+                        "complete": decision.coverage.complete,
+                        "gaps": [g.value for g in decision.coverage.gaps],
+                        "discovered": decision.coverage.discovered,
+                        "fpm_covered": decision.coverage.healthy,
+                    },
+                }
+            )
         return out
 
-    def service_for(self, role: Role) -> str:
-        return str(self.config.services.get(role.value, role.value))
+
+def _role_counts(services: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for role in Role:
+        mine = [s for s in services if s["role"] == role.value]
+        desired = [s["deployment_desired"] for s in mine if s["deployment_desired"] is not None]
+        ready = [s["deployment_ready"] for s in mine if s["deployment_ready"] is not None]
+        out[role.value] = {
+            "services": [s["service"] for s in mine],
+            "discovered": sum(s["discovered"] for s in mine),
+            "fpm_covered": sum(s["fpm_covered"] for s in mine),
+            "deployment_desired": sum(desired) if desired else None,
+            "deployment_ready": sum(ready) if ready else None,
+        }
+    return out
 
 
 def _given(value: int | None, default: int) -> int:
