@@ -287,7 +287,9 @@ class K8sApiEmulator:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="k8s-api-emulator", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, args=(0.05,), name="k8s-api-emulator", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -679,6 +681,7 @@ class K8sApiEmulator:
 class _Handler(http.server.BaseHTTPRequestHandler):
     emu: K8sApiEmulator
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # silence the default stderr log
         return
