@@ -137,6 +137,11 @@ class SimEngine:
         self.last_step_end_s = 0.0
         self._chunks: list[tuple[SimRequest, int]] = []
         self._step_decode = 0
+        # Aggregates over ``waiting`` (kept in step with it, so an FPM sample costs O(1) however long the queue).
+        self._w_prefill = 0  # waiting requests needing prefill here
+        self._w_tokens = 0  # their prefill tokens
+        self._w_sumsq = 0  # sum of squared prefill lengths
+        self._w_decode = 0  # preempted, or waiting with remote KV
         self._cache: OrderedDict[int, None] = OrderedDict()
         self._cache_blocks = config.kv_capacity_tokens // config.block_size_tokens
 
@@ -165,15 +170,45 @@ class SimEngine:
         return n, total, max(0.0, sumsq / n - mean * mean)
 
     def queued_prefill_tokens(self) -> int:
-        return sum(r.target_prefill - r.done_prefill for r in self.waiting if not r.remote_kv) + sum(
-            r.target_prefill - r.done_prefill for r in self.prefilling
-        )
+        """Prefill tokens not computed yet: waiting requests and the rest of partially prefilled ones."""
+        return self._w_tokens + sum(r.target_prefill - r.done_prefill for r in self.prefilling)
 
     # -- requests --------------------------------------------------------------------------------------------
 
     def add(self, request: SimRequest) -> None:
-        self.waiting.append(request)
+        self._wait_push(request, front=False)
         self.outstanding_tokens += request.isl + request.osl
+
+    def take_waiting(self) -> list[SimRequest]:
+        """Remove and return every waiting request (a replica cancelled before it started)."""
+        out = list(self.waiting)
+        for req in out:
+            self.outstanding_tokens -= req.isl + req.osl
+        self.waiting.clear()
+        self._w_prefill = self._w_tokens = self._w_sumsq = self._w_decode = 0
+        return out
+
+    def _wait_push(self, req: SimRequest, *, front: bool) -> None:
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+        if req.remote_kv or req.generated > 0:
+            self._w_decode += 1
+        if not req.remote_kv:
+            self._w_prefill += 1
+            self._w_tokens += req.target_prefill
+            self._w_sumsq += req.target_prefill * req.target_prefill
+
+    def _wait_pop(self) -> SimRequest:
+        req = self.waiting.popleft()
+        if req.remote_kv or req.generated > 0:
+            self._w_decode -= 1
+        if not req.remote_kv:
+            self._w_prefill -= 1
+            self._w_tokens -= req.target_prefill
+            self._w_sumsq -= req.target_prefill * req.target_prefill
+        return req
 
     # -- the step --------------------------------------------------------------------------------------------
 
@@ -202,7 +237,7 @@ class SimEngine:
                 need = req.target_prefill + 1
                 if need > free:
                     break
-                self.waiting.popleft()
+                self._wait_pop()
                 self.running[req.rid] = req
                 req.done_prefill = req.target_prefill
                 req.generated = max(req.generated, 1)
@@ -218,7 +253,7 @@ class SimEngine:
             if c + req.done_prefill > free:
                 req.done_prefill = 0
                 break
-            self.waiting.popleft()
+            self._wait_pop()
             self.running[req.rid] = req
             self.prefilling.append(req)
             self.kv_prefill_tokens += req.done_prefill
@@ -305,28 +340,15 @@ class SimEngine:
     _pending_sample: tuple[float, ScheduledRequests, QueuedRequests]
 
     def _queued(self) -> QueuedRequests:
-        if not self.waiting:
+        n = self._w_prefill
+        if n == 0 and self._w_decode == 0:
             return _EMPTY_QUEUED
-        n = 0
-        rest = 0
-        total_len = 0
-        sumsq_len = 0
-        n_dec = 0
-        for req in self.waiting:
-            if req.remote_kv or req.generated > 0:
-                n_dec += 1  # preempted, or waiting for its remote KV to fit
-            if req.remote_kv:
-                continue
-            n += 1
-            rest += req.target_prefill - req.done_prefill
-            total_len += req.target_prefill
-            sumsq_len += req.target_prefill * req.target_prefill
-        mean = total_len / n if n else 0.0
+        mean = self._w_tokens / n if n else 0.0
         return QueuedRequests(
             num_prefill_requests=n,
-            sum_prefill_tokens=rest,
-            var_prefill_length=max(0.0, sumsq_len / n - mean * mean) if n else 0.0,
-            num_decode_requests=n_dec,
+            sum_prefill_tokens=self._w_tokens,
+            var_prefill_length=max(0.0, self._w_sumsq / n - mean * mean) if n else 0.0,
+            num_decode_requests=self._w_decode,
         )
 
     def _join_decode(self, req: SimRequest, now: float) -> None:
@@ -373,7 +395,7 @@ class SimEngine:
             req.remote_kv = False
         req.done_prefill = 0
         req.cached_tokens = 0
-        self.waiting.appendleft(req)
+        self._wait_push(req, front=True)
 
     def _prefilling_ids(self) -> set[int]:
         return {r.rid for r in self.prefilling}

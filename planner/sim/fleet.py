@@ -426,9 +426,7 @@ class SimFleet:
                 if self.on_workers_changed is not None:
                     self.on_workers_changed()
             elif old is ReplicaState.STARTING and rep.engine.waiting:
-                orphans = list(rep.engine.waiting)
-                rep.engine.waiting.clear()
-                for req in orphans:
+                for req in rep.engine.take_waiting():
                     self._route(rep.role, req, now)
 
     def _account(self, now: float) -> None:

@@ -40,12 +40,12 @@ class Trace(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _make(name: str, arrival: list[float], isl: list[int], osl: list[int],
-          hashes: list[tuple[int, ...] | None]) -> Trace:
+          hashes: list[tuple[int, ...] | None], *, rebase: bool = True) -> Trace:
     if not arrival:
         raise ConfigError(f"trace {name}: no requests")
     a = np.asarray(arrival, dtype=float)
     order = np.argsort(a, kind="stable")
-    a = a[order] - a[order[0]]
+    a = a[order] - (a[order[0]] if rebase else 0.0)
     return Trace(name=name, arrival_s=a, isl=np.asarray(isl, dtype=np.int64)[order],
                  osl=np.asarray(osl, dtype=np.int64)[order], hash_ids=tuple(hashes[i] for i in order))
 
@@ -121,30 +121,53 @@ def load_trace(path: str | Path) -> Trace:
     raise ConfigError(f"{path}: unknown trace format (expected .csv Azure or .jsonl Mooncake)")
 
 
-def scale_rate(trace: Trace, factor: float, *, seed: int = 0) -> Trace:
-    """``factor`` times the request rate over the same duration. Request ``i`` is replayed ``floor(factor)``
-    times, plus once more with probability ``factor - floor(factor)``; copy ``j > 0`` arrives uniformly inside
-    the gap to the next request and its prefix ids are shifted so copies do not share cache blocks."""
+def scale_rate(trace: Trace, factor: float, *, seed: int = 0, shift_s: float = 60.0) -> Trace:
+    """``factor`` times the request rate over the same duration: the trace superposed with itself, as if
+    ``factor`` independent user populations with the same traffic shape shared the fleet.
+
+    Copy 0 is the trace itself; copy ``j`` (``j < floor(factor)``) is the whole trace shifted by one random
+    offset drawn uniformly in ``[-shift_s/2, shift_s/2]`` (wrapped around the trace's duration), so the load's
+    shape at scales above ``shift_s`` is kept while second-scale bursts of different populations do not line up;
+    a fractional part adds one more shifted copy thinned to that fraction. ``shift_s = 0`` lines the copies up
+    exactly (every burst multiplied by ``factor``: the adversarial case). Copies get distinct prefix-cache
+    ids (other users do not share your prompts)."""
     if not factor > 0:
         raise ConfigError(f"rate scale must be > 0, got {factor}")
+    if shift_s < 0:
+        raise ConfigError(f"shift_s must be >= 0, got {shift_s}")
     if factor == 1.0:
         return trace
     rng = np.random.default_rng(seed)
     n = len(trace)
     whole = int(np.floor(factor))
-    copies = np.full(n, whole, dtype=np.int64) + (rng.random(n) < factor - whole)
-    gaps = np.diff(trace.arrival_s, append=trace.arrival_s[-1] + (trace.duration_s / max(n - 1, 1)))
-    idx = np.repeat(np.arange(n), copies)
-    copy_no = np.concatenate([np.arange(c) for c in copies]) if n else np.zeros(0, dtype=np.int64)
-    offset = np.where(copy_no == 0, 0.0, rng.random(idx.shape[0]) * gaps[idx])
-    arrival = trace.arrival_s[idx] + offset
+    frac = factor - whole
+    span = trace.duration_s + (trace.duration_s / max(n - 1, 1))
     top = 1 + max((max(h) for h in trace.hash_ids if h), default=0)
+    arrivals: list[np.ndarray] = []
+    index: list[np.ndarray] = []
+    copy_of: list[int] = []
+    for j in range(whole + (1 if frac > 0 else 0)):
+        keep = np.arange(n) if j < whole else np.flatnonzero(rng.random(n) < frac)
+        offset = 0.0 if j == 0 else float(rng.uniform(-shift_s / 2.0, shift_s / 2.0))
+        at = trace.arrival_s[keep] + offset
+        if span > 0:
+            at = np.mod(at, span)
+        arrivals.append(at)
+        index.append(keep)
+        copy_of.extend([j] * keep.shape[0])
+    idx = np.concatenate(index)
     hashes: list[tuple[int, ...] | None] = []
-    for i, j in zip(idx.tolist(), copy_no.tolist(), strict=True):
+    for i, j in zip(idx.tolist(), copy_of, strict=True):
         h = trace.hash_ids[i]
         hashes.append(h if (h is None or j == 0) else tuple(x + j * top for x in h))
-    return _make(f"{trace.name} x{factor:g}", arrival.tolist(), trace.isl[idx].tolist(), trace.osl[idx].tolist(),
-                 hashes)
+    return _make(
+        f"{trace.name} x{factor:g}",
+        np.concatenate(arrivals).tolist(),
+        trace.isl[idx].tolist(),
+        trace.osl[idx].tolist(),
+        hashes,
+        rebase=False,
+    )
 
 
 def compress_time(trace: Trace, factor: float) -> Trace:

@@ -1,0 +1,34 @@
+"""Perf models for "ours": perf_model's :class:`~perf_model.model.PerfModel` per role, bootstrapped from the
+measured profile. In replay the model also learns from the FPM samples the simulated engines publish
+(:class:`LearningSink` wraps the store sink), as it would in service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from perf_model.api import PerfPredictor
+from planner.discovery import Role
+from planner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from planner.sim.compare import CompareSettings
+
+__all__ = ["profile_predictors"]
+
+
+def profile_predictors(profile_dir: str | Path, settings: CompareSettings) -> Mapping[Role, PerfPredictor] | None:
+    """One bootstrapped :class:`~perf_model.model.PerfModel` per role of the fleet; None when perf_model's
+    model is not available in this build."""
+    try:
+        from perf_model.model import PerfModel
+        from perf_model.step_timer import ProfileStepTimer
+    except ImportError:
+        return None
+    try:
+        timer = ProfileStepTimer.from_dir(profile_dir)
+    except Exception as exc:
+        raise ConfigError(f"cannot bootstrap the perf model from {profile_dir}: {exc}") from exc
+    return {role: PerfModel(role, bootstrap=timer) for role in settings.fleet.roles}
