@@ -12,15 +12,15 @@ from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequest
 
 __all__ = ["Fleet", "Load"]
 
-CAPACITY = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=8192,
-                          kv_capacity_tokens=100_000)
+CAPACITY = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=8192, kv_capacity_tokens=100_000)
 
 
 class Load:
     """Per-rank load of one FPM sample."""
 
-    def __init__(self, *, queued_prefill: int = 0, prefill: int = 0, decode: int = 0, kv: int = 0,
-                 queued_decode: int = 0) -> None:
+    def __init__(
+        self, *, queued_prefill: int = 0, prefill: int = 0, decode: int = 0, kv: int = 0, queued_decode: int = 0
+    ) -> None:
         self.queued_prefill = queued_prefill
         self.prefill = prefill
         self.decode = decode
@@ -30,6 +30,22 @@ class Load:
     @property
     def idle(self) -> bool:
         return not (self.queued_prefill or self.prefill or self.decode or self.kv or self.queued_decode)
+
+    def split(self, n: int) -> list[Load]:
+        """This load as a total spread over ``n`` engines (remainders to the first ones)."""
+
+        def parts(total: int) -> list[int]:
+            return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+        columns = zip(
+            parts(self.queued_prefill),
+            parts(self.prefill),
+            parts(self.decode),
+            parts(self.kv),
+            parts(self.queued_decode),
+            strict=True,
+        )
+        return [Load(queued_prefill=a, prefill=b, decode=c, kv=d, queued_decode=e) for a, b, c, d, e in columns]
 
 
 IDLE = Load()
@@ -45,18 +61,31 @@ class Fleet:
         self.deployments: dict[str, DeploymentStatus] = {}
         self._host = 0
 
-    def add(self, worker_id: str, role: Role, service: str | None = None, *, dp: int = 1,
-            capacity: EngineCapacity = CAPACITY) -> WorkerRecord:
+    def add(
+        self,
+        worker_id: str,
+        role: Role,
+        service: str | None = None,
+        *,
+        dp: int = 1,
+        capacity: EngineCapacity = CAPACITY,
+    ) -> WorkerRecord:
         self._host += 1
-        record = WorkerRecord(worker_id=worker_id, role=role, service=service or role.value, dp_size=dp,
-                              fpm_endpoints=default_endpoints(f"10.0.{self._host // 250}.{self._host % 250}", dp),
-                              capacity=capacity)
+        record = WorkerRecord(
+            worker_id=worker_id,
+            role=role,
+            service=service or role.value,
+            dp_size=dp,
+            fpm_endpoints=default_endpoints(f"10.0.{self._host // 250}.{self._host % 250}", dp),
+            capacity=capacity,
+        )
         self.workers[worker_id] = record
         self.store.set_workers(self.workers)
         return record
 
-    def add_many(self, n: int, role: Role, service: str | None = None, *, dp: int = 1,
-                 prefix: str | None = None) -> list[WorkerRecord]:
+    def add_many(
+        self, n: int, role: Role, service: str | None = None, *, dp: int = 1, prefix: str | None = None
+    ) -> list[WorkerRecord]:
         start = sum(1 for w in self.workers.values() if w.role == role)
         return [self.add(f"{prefix or role.value}-{start + i}", role, service, dp=dp) for i in range(n)]
 
@@ -64,18 +93,36 @@ class Fleet:
         del self.workers[worker_id]
         self.store.set_workers(self.workers)
 
-    def deploy(self, service: str, desired: int, ready: int | None = None, *, in_flight: bool = False,
-               not_ready: tuple[str, ...] = ()) -> None:
-        self.deployments[service] = DeploymentStatus(service=service, desired=desired,
-                                                     ready=desired if ready is None else ready,
-                                                     action_in_flight=in_flight, not_ready_workers=not_ready)
+    def deploy(
+        self,
+        service: str,
+        desired: int,
+        ready: int | None = None,
+        *,
+        in_flight: bool = False,
+        not_ready: tuple[str, ...] = (),
+    ) -> None:
+        self.deployments[service] = DeploymentStatus(
+            service=service,
+            desired=desired,
+            ready=desired if ready is None else ready,
+            action_in_flight=in_flight,
+            not_ready_workers=not_ready,
+        )
 
-    def publish(self, worker_id: str, now: float, load: Load = IDLE, *, ranks: Iterable[int] | None = None,
-                as_id: str | None = None) -> None:
+    def publish(
+        self,
+        worker_id: str,
+        now: float,
+        load: Load = IDLE,
+        *,
+        ranks: Iterable[int] | None = None,
+        as_id: str | None = None,
+    ) -> None:
         """One sample per rank (``ranks``: a subset) on the worker's own endpoints, under ``as_id`` when given
         (``""`` for an engine whose identity was never synced)."""
         record = self.workers[worker_id]
-        for rank in (range(record.dp_size) if ranks is None else ranks):
+        for rank in range(record.dp_size) if ranks is None else ranks:
             key = (worker_id, rank)
             counter = self.counters.get(key, -1) + 1
             self.counters[key] = counter
@@ -84,38 +131,73 @@ class Fleet:
                 dp_rank=rank,
                 counter_id=counter,
                 wall_time=0.0 if load.idle else 0.02,
-                scheduled_requests=ScheduledRequests(num_prefill_requests=1 if load.prefill else 0,
-                                                     sum_prefill_tokens=load.prefill,
-                                                     num_decode_requests=load.decode,
-                                                     sum_decode_kv_tokens=load.kv),
-                queued_requests=QueuedRequests(num_prefill_requests=1 if load.queued_prefill else 0,
-                                               sum_prefill_tokens=load.queued_prefill,
-                                               num_decode_requests=load.queued_decode),
+                scheduled_requests=ScheduledRequests(
+                    num_prefill_requests=1 if load.prefill else 0,
+                    sum_prefill_tokens=load.prefill,
+                    num_decode_requests=load.decode,
+                    sum_decode_kv_tokens=load.kv,
+                ),
+                queued_requests=QueuedRequests(
+                    num_prefill_requests=1 if load.queued_prefill else 0,
+                    sum_prefill_tokens=load.queued_prefill,
+                    num_decode_requests=load.queued_decode,
+                ),
             )
             self.store.ingest(record.fpm_endpoints[rank], sample, now, now)
 
-    def publish_all(self, now: float, load: Load = IDLE, *, role: Role | None = None,
-                    skip: Iterable[str] = ()) -> None:
+    def publish_all(
+        self, now: float, total: Load = IDLE, *, role: Role | None = None, skip: Iterable[str] = ()
+    ) -> None:
+        """``total`` spread over every (matching, not skipped) worker's ranks, one sample per rank."""
         skipped = set(skip)
-        for wid, record in self.workers.items():
-            if wid not in skipped and (role is None or record.role == role):
-                self.publish(wid, now, load)
+        chosen = [w for w, r in self.workers.items() if w not in skipped and (role is None or r.role == role)]
+        engines = [(w, rank) for w in chosen for rank in range(self.workers[w].dp_size)]
+        for (wid, rank), load in zip(engines, total.split(len(engines)) if engines else [], strict=True):
+            self.publish(wid, now, load, ranks=(rank,))
 
     def stray(self, endpoint: str, worker_id: str, now: float) -> None:
         """A sample from an id nobody registered, on an endpoint nobody registered."""
-        self.store.ingest(endpoint, ForwardPassMetrics(worker_id=worker_id, dp_rank=0, counter_id=1,
-                                                       wall_time=0.02), now, now)
+        self.store.ingest(
+            endpoint, ForwardPassMetrics(worker_id=worker_id, dp_rank=0, counter_id=1, wall_time=0.02), now, now
+        )
 
     def observe(self, now: float, traffic: Mapping[Role, Traffic] | None = None) -> Observation:
-        return Observation(workers=dict(self.workers), fleet=self.store.snapshot(now),
-                           deployments=dict(self.deployments), traffic=dict(traffic or {}))
+        return Observation(
+            workers=dict(self.workers),
+            fleet=self.store.snapshot(now),
+            deployments=dict(self.deployments),
+            traffic=dict(traffic or {}),
+        )
 
-    def tick(self, state: CoreState, now: float, config: CoreConfig,
-             traffic: Mapping[Role, Traffic] | None = None, **kwargs: object) -> tuple[CoreState, dict[str, Decision]]:
+    def tick(
+        self,
+        state: CoreState,
+        now: float,
+        config: CoreConfig,
+        traffic: Mapping[Role, Traffic] | None = None,
+        **kwargs: object,
+    ) -> tuple[CoreState, dict[str, Decision]]:
         """One decision tick; the decisions by service. (Applying them is the caller's business.)"""
         state, decisions = step(state, self.observe(now, traffic), now, config, **kwargs)  # type: ignore[arg-type]
         return state, {d.service: d for d in decisions}
 
     def apply(self, decision: Decision) -> None:
-        """Settle a decision instantly: the deployment's desired and ready counts become the final count."""
+        """Settle a decision instantly: the deployment's desired and ready counts become the final count, and
+        workers of the service are discovered (new ones) or forgotten (the newest first) to match."""
         self.deploy(decision.service, decision.final_replicas)
+        mine = [w for w, r in self.workers.items() if r.service == decision.service]
+        template = self.workers[mine[0]]
+        for wid in mine[decision.final_replicas :][::-1]:
+            self.remove(wid)
+        n = len(mine)
+        while n < decision.final_replicas:
+            wid = f"{decision.service}-{self._next_index(decision.service)}"
+            self.add(wid, template.role, decision.service, dp=template.dp_size, capacity=template.capacity)
+            n += 1
+
+    def _next_index(self, service: str) -> int:
+        taken = {w for w in self.workers}
+        i = 0
+        while f"{service}-{i}" in taken:
+            i += 1
+        return i
