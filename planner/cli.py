@@ -29,8 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _attach(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, module: str,
-            help_text: str) -> None:
+def _attach(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, module: str, help_text: str) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text)
     parser.set_defaults(_module=module)
     try:
@@ -44,7 +43,9 @@ def _attach(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fpm-planner", description="Metrics-driven autoscaling planner for vLLM fleets.")
+    parser = argparse.ArgumentParser(
+        prog="fpm-planner", description="Metrics-driven autoscaling planner for vLLM fleets."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks that print one JSON line of figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -86,8 +86,9 @@ def parse_worker(data: Mapping[str, Any]) -> WorkerRecord:
     raw = dict(data)
     if "fpm_endpoints" not in raw and "host" in raw:
         raw["fpm_endpoints"] = list(
-            default_endpoints(str(raw["host"]), int(raw.get("dp_size", 1)),
-                              int(raw.get("fpm_port_base", DEFAULT_FPM_PORT_BASE)))
+            default_endpoints(
+                str(raw["host"]), int(raw.get("dp_size", 1)), int(raw.get("fpm_port_base", DEFAULT_FPM_PORT_BASE))
+            )
         )
     raw.pop("host", None)
     raw.pop("fpm_port_base", None)

@@ -18,9 +18,9 @@ import msgspec
 
 __all__ = [
     "FPM_VERSION",
+    "ForwardPassMetrics",
     "FpmDecodeError",
     "FpmFrameError",
-    "ForwardPassMetrics",
     "QueuedRequests",
     "ScheduledRequests",
     "decode",
@@ -132,7 +132,10 @@ def invalid_fields(sample: ForwardPassMetrics) -> tuple[str, ...]:
         bad.append("counter_id")
     if not math.isfinite(sample.wall_time) or sample.wall_time < 0:
         bad.append("wall_time")
-    for prefix, part in (("scheduled_requests", sample.scheduled_requests), ("queued_requests", sample.queued_requests)):
+    for prefix, part in (
+        ("scheduled_requests", sample.scheduled_requests),
+        ("queued_requests", sample.queued_requests),
+    ):
         for name in part.__struct_fields__:
             value = getattr(part, name)
             if value < 0 or (isinstance(value, float) and not math.isfinite(value)):

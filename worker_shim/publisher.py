@@ -21,11 +21,11 @@ from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequest
 __all__ = ["DEFAULT_PORT_BASE", "FpmPublisher", "PublisherStats", "bind_endpoint"]
 
 DEFAULT_PORT_BASE = 20380
-_STOP = object()
 
 
-def bind_endpoint(dp_rank: int, *, host: str = "*", base_port: int = DEFAULT_PORT_BASE,
-                  ipc_path: str | None = None) -> str:
+def bind_endpoint(
+    dp_rank: int, *, host: str = "*", base_port: int = DEFAULT_PORT_BASE, ipc_path: str | None = None
+) -> str:
     """The endpoint a rank binds: ``tcp://{host}:{base_port + dp_rank}``, or ``ipc://{ipc_path}``."""
     if ipc_path is not None:
         return f"ipc://{ipc_path}"
@@ -76,7 +76,9 @@ class FpmPublisher:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.topic = topic
         self._worker_id = worker_id
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[float, ScheduledRequests, QueuedRequests] | None] = (
+            queue.SimpleQueue()
+        )  # None stops
         self._queue_size = queue_size
         self._pending = 0  # approximate queue depth; SimpleQueue has no bound of its own
         self._lock = threading.Lock()
@@ -121,7 +123,7 @@ class FpmPublisher:
         """Send what is queued, then stop the thread and close the socket."""
         if self._thread is None:
             return
-        self._queue.put(_STOP)
+        self._queue.put(None)
         self._thread.join(timeout_s)
         self._thread = None
 
@@ -188,9 +190,9 @@ class FpmPublisher:
                     self._send(sock, fpm.heartbeat(self._worker_id, self.dp_rank, self._counter), heartbeat=True)
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_s
                     continue
-                if item is _STOP:
+                if item is None:
                     break
-                wall_time, scheduled, queued = item  # type: ignore[misc]
+                wall_time, scheduled, queued = item
                 sample = ForwardPassMetrics(
                     worker_id=self._worker_id,
                     dp_rank=self.dp_rank,

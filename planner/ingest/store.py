@@ -211,9 +211,12 @@ class FleetStore:
         last = state.counter
         if last >= 0:
             if counter <= last:
-                if counter == last or (counter >= self.restart_tolerance and last - counter <= self.restart_tolerance):
+                # One ZMQ connection delivers in order, so going backwards means a new publisher run: certain after
+                # a disconnect, assumed for a jump back near zero or far back; a small step back is a replay.
+                near = counter >= self.restart_tolerance and last - counter <= self.restart_tolerance
+                if not state.disconnected and (counter == last or near):
                     return self.drop(DropReason.OUT_OF_ORDER, endpoint)
-                state.restarts += 1  # the publisher started over; what it lost before is unknowable
+                state.restarts += 1  # what the old run sent after our last sample is unknowable
             else:
                 if state.disconnected:
                     self.drop(DropReason.OVERSIZED, endpoint)
@@ -249,8 +252,18 @@ class FleetStore:
         state = self._ranks.get((worker_id, dp_rank))
         if state is None:
             return RankView(
-                worker_id=worker_id, dp_rank=dp_rank, endpoint=endpoint, fresh=False, age_s=None,
-                active_age_s=None, latest=None, last_active=None, samples=0, heartbeats=0, restarts=0, gaps=0,
+                worker_id=worker_id,
+                dp_rank=dp_rank,
+                endpoint=endpoint,
+                fresh=False,
+                age_s=None,
+                active_age_s=None,
+                latest=None,
+                last_active=None,
+                samples=0,
+                heartbeats=0,
+                restarts=0,
+                gaps=0,
                 lost_samples=0,
             )
         age = now - state.last_seen_at

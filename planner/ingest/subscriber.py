@@ -2,9 +2,9 @@
 
 One ZMQ SUB socket per discovered endpoint (so every message is attributed to the endpoint it came from), all
 polled by one thread. Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket
-for disconnects. Ready sockets are drained in batches; the store is updated under a lock that readers
-(:meth:`FpmSubscriber.snapshot`) share. Nothing raises out of the receive loop: a failure is counted in
-:attr:`FpmSubscriber.loop_errors` and the loop goes on.
+for disconnects, after which it reconnects (libzmq does not after an oversized message). Ready sockets are drained
+in batches; the store is updated under a lock that readers (:meth:`FpmSubscriber.snapshot`) share. Nothing raises
+out of the receive loop: a failure is counted in :attr:`FpmSubscriber.loop_errors` and the loop goes on.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class FpmSubscriber:
         self.lock = threading.Lock()
         self.loop_errors = 0
         self.received = 0
+        self.reconnects = 0
         self._ctx = context or zmq.Context.instance()
         self._ctx.setsockopt(zmq.LINGER, 0)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
@@ -128,6 +129,8 @@ class FpmSubscriber:
             self.loop_errors += 1
             log.warning("FPM poll failed: %s", exc)
             return 0
+        # Monitor events first: a disconnect must be known before the messages of the connection that follows.
+        ready.sort(key=lambda item: item[0] not in self._monitors)
         for sock, _ in ready:
             try:
                 monitored = self._monitors.get(sock)
@@ -166,6 +169,13 @@ class FpmSubscriber:
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 with self.lock:
                     self.store.note_disconnect(endpoint)
+                # After a protocol error (a message over ZMQ_MAXMSGSIZE) libzmq never reconnects on its own: one
+                # bad message would silence the worker for good. Reconnect explicitly; harmless after a restart.
+                sock = self._sockets.get(endpoint)
+                if sock is not None:
+                    sock.disconnect(endpoint)
+                    sock.connect(endpoint)
+                    self.reconnects += 1
 
     # -- thread ----------------------------------------------------------------------------------------------
 

@@ -1,0 +1,179 @@
+"""FpmSubscriber + FleetStore over real ZMQ: the discovery filter, both sides, and garbage on the wire."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import msgpack
+import pytest
+import zmq
+
+from planner.discovery import LeaseRegistry, WorkerRecord
+from planner.ingest.store import DropReason, FleetStore
+from planner.ingest.subscriber import FpmSubscriber
+from worker_shim import fpm
+from worker_shim.fpm import QueuedRequests, ScheduledRequests
+from worker_shim.publisher import FpmPublisher
+
+STEP = ScheduledRequests(num_prefill_requests=1, sum_prefill_tokens=64)
+QUEUE = QueuedRequests()
+
+
+@pytest.fixture()
+def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def pump(sub: FpmSubscriber, until: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the timeout")
+        sub.poll_once(20)
+
+
+def record(worker_id: str, endpoint: str) -> WorkerRecord:
+    return WorkerRecord(worker_id=worker_id, role="agg", service="agg", dp_size=1, fpm_endpoints=(endpoint,))
+
+
+def test_only_discovered_workers_are_kept_and_leavers_are_dropped(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    clock = [0.0]
+    registry = LeaseRegistry(default_ttl_s=30.0)
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store, context=ctx, clock=lambda: clock[0])
+    pubs = [
+        FpmPublisher(worker_id=wid, endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.02, context=ctx).start()
+        for wid in ("registered", "never-registered", "")
+    ]
+    try:
+        eps = [p.bound_endpoint or "" for p in pubs]
+        # The stranger and the id-less engine sit on endpoints discovery lists for someone else.
+        registry.register(record("registered", eps[0]), now=0.0, ttl_s=10.0)
+        registry.register(record("other", eps[1]), now=0.0, ttl_s=10.0)
+        registry.register(record("restored", eps[2]), now=0.0, ttl_s=10.0)
+        sub.set_workers(registry.workers(0.0))
+        assert set(sub.endpoints) == set(eps)
+        pump(sub, lambda: store.drops[DropReason.UNKNOWN_WORKER] >= 3 and store.drops[DropReason.EMPTY_WORKER_ID] >= 3)
+        for p in pubs:
+            p.publish(0.01, STEP, QUEUE)
+        pump(sub, lambda: store.rank_view("registered", 0, 0.0).samples >= 1)
+        snap = sub.snapshot(0.0)
+        assert snap.ranks[("registered", 0)].fresh
+        assert snap.ranks[("other", 0)].age_s is None and snap.ranks[("restored", 0)].age_s is None
+        assert snap.endpoints[eps[2]].worker_id == "" and snap.endpoints[eps[1]].worker_id == "never-registered"
+        assert snap.drops_by_worker["restored"][DropReason.EMPTY_WORKER_ID] >= 3
+
+        # The lease lapses: discovery drops the worker, the subscriber disconnects, later samples never count.
+        clock[0] = 11.0
+        sub.set_workers(registry.workers(clock[0]))
+        assert sub.endpoints == () and store.workers == {}
+        kept = store.rank_view("registered", 0, clock[0]).samples
+        assert kept == 0  # forgotten with the worker
+        pubs[0].publish(0.01, STEP, QUEUE)
+        for _ in range(20):
+            sub.poll_once(10)
+        assert store.rank_view("registered", 0, clock[0]).samples == 0
+
+        # Re-registering (a deregistration then a new lease) brings it back.
+        registry.register(record("registered", eps[0]), now=clock[0], ttl_s=10.0)
+        sub.set_workers(registry.workers(clock[0]))
+        pump(sub, lambda: store.rank_view("registered", 0, clock[0]).heartbeats >= 1)
+        registry.deregister("registered")
+        sub.set_workers(registry.workers(clock[0]))
+        before = store.drops[DropReason.UNKNOWN_WORKER]
+        assert (
+            store.ingest(eps[0], fpm.heartbeat("registered", 0, 10**6), clock[0], clock[0]) is DropReason.UNKNOWN_WORKER
+        )
+        assert store.drops[DropReason.UNKNOWN_WORKER] == before + 1
+    finally:
+        sub.close()
+        for p in pubs:
+            p.close()
+
+
+def test_garbage_on_the_wire_is_dropped_counted_and_the_loop_survives(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store, context=ctx, max_msg_bytes=4096)
+    raw = ctx.socket(zmq.PUB)
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    endpoint = f"tcp://127.0.0.1:{port}"
+    store_worker = record("w", endpoint)
+    sub.set_workers({"w": store_worker})
+    try:
+        counter = iter(range(10**6))
+
+        def good() -> list[bytes]:
+            return list(fpm.frames(fpm.heartbeat("w", 0, next(counter))))
+
+        # Wait until the subscription is live.
+        def joined() -> bool:
+            raw.send_multipart(good())
+            return store.rank_view("w", 0, 0.0).heartbeats > 0
+
+        pump(sub, joined)
+        seq = good()[1]
+        nan = msgpack.packb({"worker_id": "w", "dp_rank": 0, "counter_id": 10**5, "wall_time": math.nan})
+        raw.send_multipart([b"", seq])  # wrong part count
+        raw.send_multipart([b"", seq, b"x", b"y"])  # wrong part count
+        raw.send_multipart([b"", b"\x01\x02", good()[2]])  # short seq
+        raw.send_multipart([b"", seq, b"\xc1\xc1 not msgpack"])  # undecodable
+        raw.send_multipart([b"", seq, msgpack.packb({"worker_id": 3})])  # wrong types
+        raw.send_multipart([b"", seq, nan])  # NaN
+        pump(sub, lambda: store.drops[DropReason.INVALID_VALUE] == 1)
+        assert store.drops[DropReason.BAD_FRAME] == 3
+        assert store.drops[DropReason.DECODE_ERROR] == 2
+
+        # Oversized: ZMQ_MAXMSGSIZE makes ZMQ cut the connection; the same publisher run carrying on after the
+        # reconnect shows it was our limit, not a restart.
+        raw.send_multipart([b"", seq, b"\x00" * 10_000])
+
+        def counted() -> bool:
+            raw.send_multipart(good())
+            return store.drops[DropReason.OVERSIZED] == 1
+
+        pump(sub, counted)
+        assert sub.loop_errors == 0
+        view = store.rank_view("w", 0, 0.0)
+        assert view.restarts == 0 and view.heartbeats >= 2
+    finally:
+        sub.close()
+        raw.close()
+
+
+def test_a_publisher_restart_on_the_same_endpoint_is_detected(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store, context=ctx)
+    first = FpmPublisher(worker_id="w", endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.01, context=ctx).start()
+    endpoint = first.bound_endpoint or ""
+    sub.set_workers({"w": record("w", endpoint)})
+    try:
+        pump(sub, lambda: store.rank_view("w", 0, 0.0).heartbeats >= 1)  # joined: nothing published is lost
+        for _ in range(100):
+            first.publish(0.01, STEP, QUEUE)
+        pump(sub, lambda: store.rank_view("w", 0, 0.0).samples >= 100)
+        first.close()
+        second = FpmPublisher(worker_id="w", endpoint=endpoint, heartbeat_interval_s=0.01, context=ctx).start()
+        try:
+            pump(sub, lambda: store.rank_view("w", 0, 0.0).restarts == 1)
+            view = store.rank_view("w", 0, 0.0)
+            assert view.lost_samples < 100  # not 2**63
+            assert store.drops[DropReason.OVERSIZED] == 0
+        finally:
+            second.close()
+    finally:
+        sub.close()
+
+
+def test_the_receive_thread_ingests_in_the_background(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    store = FleetStore(ttl_s=5.0)
+    with FpmPublisher(worker_id="w", endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.01, context=ctx) as pub:
+        with FpmSubscriber(store, context=ctx) as sub:
+            sub.set_workers({"w": record("w", pub.bound_endpoint or "")})
+            deadline = time.monotonic() + 10
+            while sub.snapshot(time.monotonic()).ranks[("w", 0)].heartbeats < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sub.snapshot(time.monotonic()).ranks[("w", 0)].fresh
