@@ -189,9 +189,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         out = []
         for wid, record in sorted(runner.workers.items()):
             source = runner.worker_source(wid)
-            out.append(
-                {**msgspec.to_builtins(record), "source": source.source, "expires_at_s": source.expires_at_s}
-            )
+            out.append({**msgspec.to_builtins(record), "source": source.source, "expires_at_s": source.expires_at_s})
         return _json({"workers": out})
 
     @app.put(
@@ -239,19 +237,13 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
     @app.get("/v1/decisions", tags=["decisions"])
     async def list_decisions(
         role: Annotated[Role | None, Query(description="only this role")] = None,
-        since: Annotated[
-            float | None, Query(description="only decisions made after this Unix time (s)")
-        ] = None,
+        since: Annotated[float | None, Query(description="only decisions made after this Unix time (s)")] = None,
         limit: Annotated[int, Query(ge=1, le=5000)] = 100,
     ) -> Response:
-        entries = runner.history.decisions(
-            role=None if role is None else role.value, since_s=since, limit=limit
-        )
+        entries = runner.history.decisions(role=None if role is None else role.value, since_s=since, limit=limit)
         return _json({"decisions": list(entries)})
 
-    @app.get(
-        "/v1/decisions/{decision_id}/explain", tags=["decisions"], responses={404: {"description": "unknown"}}
-    )
+    @app.get("/v1/decisions/{decision_id}/explain", tags=["decisions"], responses={404: {"description": "unknown"}})
     async def explain_decision(decision_id: Annotated[int, Path(ge=1)]) -> Response:
         entry = runner.history.decision(decision_id)
         if entry is None:

@@ -106,14 +106,10 @@ class PlannerRunner:
         self.actuator = actuator
         self.elector = elector
         self.metrics = PlannerMetrics()
-        self.history = History(
-            max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes
-        )
+        self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
         self.store = FleetStore(ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size)
         self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes)
-        self.leases = LeaseRegistry(
-            default_ttl_s=config.discovery.default_ttl_s, max_ttl_s=config.discovery.max_ttl_s
-        )
+        self.leases = LeaseRegistry(default_ttl_s=config.discovery.default_ttl_s, max_ttl_s=config.discovery.max_ttl_s)
         self.static: StaticFileDiscovery | None = None
         if config.discovery.static_file is not None:
             try:
@@ -174,10 +170,7 @@ class PlannerRunner:
         if self.static is not None and worker_id in self.static.workers(self.now()):
             raise LeaseError(f"worker {worker_id!r} is listed in the static workers file; it cannot register")
         for endpoint in fpm_endpoints:
-            if (
-                not endpoint.startswith(_ENDPOINT_SCHEMES)
-                or len(endpoint) <= len(endpoint.split("//")[0]) + 2
-            ):
+            if not endpoint.startswith(_ENDPOINT_SCHEMES) or len(endpoint) <= len(endpoint.split("//")[0]) + 2:
                 raise LeaseError(
                     f"worker {worker_id!r}: fpm endpoint {endpoint!r} is not a ZMQ endpoint "
                     "(tcp://host:port, ipc://path or inproc://name)"
@@ -339,9 +332,7 @@ class PlannerRunner:
 
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
         deployments = (
-            {}
-            if status is None
-            else {name: DeploymentStatus.from_service_status(st) for name, st in status.items()}
+            {} if status is None else {name: DeploymentStatus.from_service_status(st) for name, st in status.items()}
         )
         return Observation(
             workers=dict(self._workers), fleet=snapshot, deployments=deployments, traffic=dict(self.traffic)
@@ -398,9 +389,7 @@ class PlannerRunner:
     def explain(self, entry: DecisionEntry) -> dict[str, Any]:
         """A decision with its inputs, coverage, every pipeline stage (value and reason) and its outcomes."""
         decision = entry.decision
-        outcomes = [
-            msgspec.to_builtins(o) for o in self.history.outcomes(limit=10_000) if o.decision_id == entry.id
-        ]
+        outcomes = [msgspec.to_builtins(o) for o in self.history.outcomes(limit=10_000) if o.decision_id == entry.id]
         return {
             "id": entry.id,
             "core_id": decision.get("id"),
@@ -502,9 +491,7 @@ class PlannerRunner:
                     max_replicas=_given(spec.get("max_replicas"), old.max_replicas),
                 )
             max_total_gpus = patch["max_total_gpus"] if "max_total_gpus" in patch else current.max_total_gpus
-            self.core_config = self.core_config.with_bounds(
-                Bounds(roles=roles, max_total_gpus=max_total_gpus)
-            )
+            self.core_config = self.core_config.with_bounds(Bounds(roles=roles, max_total_gpus=max_total_gpus))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return self.bounds()
@@ -562,9 +549,7 @@ class PlannerRunner:
 
     def _actuator_error(self, operation: str, service: str, kind: str, message: str) -> None:
         self.actuator_errors.append(
-            ActuatorErrorEntry(
-                at_s=time.time(), operation=operation, service=service, kind=kind, message=message
-            )
+            ActuatorErrorEntry(at_s=time.time(), operation=operation, service=service, kind=kind, message=message)
         )
 
     # -- diagnostics ---------------------------------------------------------------------------------------
@@ -637,9 +622,7 @@ class PlannerRunner:
             "actuator": {
                 "configured": self.actuator is not None,
                 "status_error": self.status_error,
-                "status": None
-                if self.status is None
-                else {k: msgspec.to_builtins(v) for k, v in self.status.items()},
+                "status": None if self.status is None else {k: msgspec.to_builtins(v) for k, v in self.status.items()},
                 "recent_errors": [msgspec.to_builtins(e) for e in reversed(self.actuator_errors)],
             },
             "latest_decisions": [_entry_brief(e) for e in self.history.latest()],

@@ -16,6 +16,7 @@ from planner.errors import ConfigError
 from planner.service.app import create_app
 from planner.service.config import ActuatorKind, ServiceConfig, load_config
 from planner.service.runner import PlannerRunner
+from planner.service.server import GracefulServer
 
 __all__ = ["add_arguments", "build_actuator", "run"]
 
@@ -46,9 +47,7 @@ def build_actuator(config: ServiceConfig) -> Actuator | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = dict(os.environ)
     if args.host:
         env["FPM_PLANNER_HOST"] = args.host
@@ -61,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"fpm-planner serve: {exc}", file=sys.stderr)
         return 2
     app = create_app(runner)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.http.host, port=config.http.port, log_level=args.log_level)
-    )
+    server = GracefulServer(uvicorn.Config(app, host=config.http.host, port=config.http.port, log_level=args.log_level))
     server.run()
     return 0

@@ -1,0 +1,1 @@
+"""Bundled demo data (package data): see README.md."""

@@ -1,0 +1,1 @@
+"""The diagnostics page (package data)."""
