@@ -15,6 +15,7 @@ import math
 import struct
 
 import msgspec
+from msgspec.structs import astuple
 
 __all__ = [
     "FPM_VERSION",
@@ -124,7 +125,18 @@ def parse_frames(parts: list[bytes]) -> tuple[bytes, int, bytes]:
 
 
 def invalid_fields(sample: ForwardPassMetrics) -> tuple[str, ...]:
-    """Names of fields whose value no engine can produce: negative or non-finite numbers."""
+    """Names of fields whose value no engine can produce: negative or non-finite numbers. Empty when valid."""
+    counts = astuple(sample.scheduled_requests) + astuple(sample.queued_requests)
+    # Fast path (the ingest hot loop): every count >= 0 and their sum finite means no NaN/inf anywhere.
+    if (
+        min(counts) >= 0
+        and math.isfinite(sum(counts))
+        and sample.wall_time >= 0
+        and math.isfinite(sample.wall_time)
+        and sample.dp_rank >= 0
+        and sample.counter_id >= 0
+    ):
+        return ()
     bad: list[str] = []
     if sample.dp_rank < 0:
         bad.append("dp_rank")
@@ -138,6 +150,6 @@ def invalid_fields(sample: ForwardPassMetrics) -> tuple[str, ...]:
     ):
         for name in part.__struct_fields__:
             value = getattr(part, name)
-            if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+            if value < 0 or not math.isfinite(value):
                 bad.append(f"{prefix}.{name}")
     return tuple(bad)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -121,7 +122,8 @@ class FleetStore:
         self._workers: dict[str, WorkerRecord] = {}
         self._owner: dict[str, tuple[str, int]] = {}  # endpoint -> (worker_id, dp_rank)
         self._ranks: dict[tuple[str, int], RankState] = {}
-        self._endpoints: dict[str, EndpointSeen] = {}
+        # endpoint -> [worker_id, dp_rank, last_at, messages]; EndpointSeen records are built at snapshot time
+        self._endpoints: dict[str, list[Any]] = {}
         self.drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
         # Drops we can still pin on a discovered worker (by its endpoint), for diagnostics.
         self.drops_by_worker: dict[str, dict[DropReason, int]] = {}
@@ -184,13 +186,11 @@ class FleetStore:
         owner = self._owner.get(endpoint)
         if owner is not None:
             seen = self._endpoints.get(endpoint)
-            self._endpoints[endpoint] = EndpointSeen(
-                endpoint=endpoint,
-                worker_id=sample.worker_id,
-                dp_rank=sample.dp_rank,
-                last_at=received_at,
-                messages=1 if seen is None else seen.messages + 1,
-            )
+            if seen is None:
+                self._endpoints[endpoint] = [sample.worker_id, sample.dp_rank, received_at, 1]
+            else:
+                seen[0], seen[1], seen[2] = sample.worker_id, sample.dp_rank, received_at
+                seen[3] += 1
         wid = sample.worker_id
         if not wid:
             return self.drop(DropReason.EMPTY_WORKER_ID, endpoint)
@@ -294,7 +294,10 @@ class FleetStore:
             now=now,
             ttl_s=self.ttl_s,
             ranks=ranks,
-            endpoints=dict(self._endpoints),
+            endpoints={
+                endpoint: EndpointSeen(endpoint=endpoint, worker_id=wid, dp_rank=rank, last_at=at, messages=n)
+                for endpoint, (wid, rank, at, n) in self._endpoints.items()
+            },
             drops=dict(self.drops),
             drops_by_worker={w: dict(d) for w, d in self.drops_by_worker.items()},
         )

@@ -1,0 +1,175 @@
+"""``fpm-planner bench ingest``: FPM ingest rate over real ZMQ.
+
+M publishers (PUB sockets on loopback, in a child process pinned to another core) send N samples each into one
+:class:`~planner.ingest.subscriber.FpmSubscriber` + :class:`~planner.ingest.store.FleetStore` in this process,
+pinned to one core. Payloads are encoded before the clock starts so the publishers are not the bottleneck; every
+sample is a distinct, valid FPM step with its own counter, so the store does its full work for each one.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from planner.discovery import WorkerRecord
+from planner.ingest.store import DropReason, FleetStore
+from planner.ingest.subscriber import FpmSubscriber
+from worker_shim import fpm
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--publishers", type=int, default=64, help="number of publishers (default 64)")
+    parser.add_argument("--samples", type=int, default=8000, help="samples per publisher (default 8000)")
+    parser.add_argument("--window", type=int, default=256, help="FleetStore window per rank (default 256)")
+    parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
+
+
+def _pin(core: int) -> int | None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    chosen = cores[core % len(cores)]
+    os.sched_setaffinity(0, {chosen})
+    return chosen
+
+
+def _publish(publishers: int, samples: int, conn: Connection) -> None:
+    """Child process: bind M PUB sockets, heartbeat until told to go, then send the pre-encoded samples."""
+    _pin(1)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socks = []
+    for _ in range(publishers):
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, samples + 1000)
+        sock.bind("tcp://127.0.0.1:*")
+        socks.append(sock)
+    conn.send([s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks])
+    step = ScheduledRequests(
+        num_prefill_requests=1,
+        sum_prefill_tokens=512,
+        var_prefill_length=0.0,
+        sum_prefill_kv_tokens=128,
+        num_decode_requests=32,
+        sum_decode_kv_tokens=40_000,
+        var_decode_kv_tokens=900.0,
+    )
+    queued = QueuedRequests(num_prefill_requests=3, sum_prefill_tokens=1500, var_prefill_length=40.0)
+    counters = [0] * publishers
+    while not conn.poll(0.02):  # heartbeats until the subscriber has joined every socket
+        for i, sock in enumerate(socks):
+            sock.send_multipart(fpm.frames(fpm.heartbeat(f"w{i}", 0, counters[i])))
+            counters[i] += 1
+    conn.recv()
+    payloads = [
+        [
+            fpm.frames(
+                ForwardPassMetrics(
+                    worker_id=f"w{i}",
+                    dp_rank=0,
+                    counter_id=counters[i] + n,
+                    wall_time=0.015,
+                    scheduled_requests=step,
+                    queued_requests=queued,
+                )
+            )
+            for n in range(samples)
+        ]
+        for i in range(publishers)
+    ]
+    conn.send("encoded")
+    conn.recv()
+    for n in range(samples):
+        for i, sock in enumerate(socks):
+            sock.send_multipart(payloads[i][n], copy=False)
+    conn.send("sent")
+    conn.recv()
+    for sock in socks:
+        sock.close(linger=0)
+    ctx.term()
+
+
+def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
+    core = _pin(0)
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_publish, args=(publishers, samples, child), daemon=True)
+    proc.start()
+    endpoints: list[str] = parent.recv()
+    workers = {
+        f"w{i}": WorkerRecord(worker_id=f"w{i}", role="agg", service="agg", dp_size=1, fpm_endpoints=(ep,))
+        for i, ep in enumerate(endpoints)
+    }
+    store = FleetStore(ttl_s=30.0, window_size=window)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = FpmSubscriber(store, context=ctx, rcvhwm=samples + 1000)
+    sub.set_workers(workers)
+    deadline = time.monotonic() + 60
+    while any(store.rank_view(w, 0, 0.0).heartbeats == 0 for w in workers):
+        sub.poll_once(20)
+        if time.monotonic() > deadline:
+            raise RuntimeError("publishers did not connect within 60 s")
+    parent.send("go")
+    while parent.recv() != "encoded":
+        pass
+    while sub.poll_once(0):  # drain the warm-up heartbeats before timing
+        pass
+    stored_before = sum(store.rank_view(w, 0, 0.0).samples for w in workers)
+    received_before = sub.received
+    parent.send("send")
+    expected = publishers * samples
+    start = time.perf_counter()
+    cpu_start = time.process_time()
+    last_rx = start
+    while True:
+        got = sub.poll_once(200)
+        if got:
+            last_rx = time.perf_counter()
+        elif sub.received - received_before >= expected or time.perf_counter() - last_rx > 2.0:
+            break
+    elapsed = last_rx - start
+    cpu = time.process_time() - cpu_start
+    parent.recv()
+    parent.send("bye")
+    proc.join(10)
+    stored = sum(store.rank_view(w, 0, 0.0).samples for w in workers) - stored_before
+    received = sub.received - received_before
+    sub.close()
+    ctx.term()
+    drops = {str(reason): n for reason, n in store.drops.items() if n and reason is not DropReason.STALE}
+    return {
+        "bench": "ingest",
+        "publishers": publishers,
+        "samples_sent": expected,
+        "samples_stored": stored,
+        "dropped": expected - stored,
+        "drops_by_reason": drops,
+        "samples_per_s": round(stored / elapsed) if elapsed > 0 else None,
+        "elapsed_s": round(elapsed, 3),
+        "subscriber_cpu_s": round(cpu, 3),
+        "subscriber_core": core,
+        "window": window,
+        "window_samples_held": sum(len(w) for _, w in store.iter_windows()),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "received": received,
+        "python": sys.version.split()[0],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.publishers < 1 or args.samples < 1 or args.window < 1:
+        print("fpm-planner bench ingest: --publishers, --samples and --window must be >= 1", file=sys.stderr)
+        return 2
+    print(json.dumps(measure(args.publishers, args.samples, args.window)))
+    return 0
