@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from planner.discovery import WorkerRecord
+from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import DropReason, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from worker_shim import fpm
@@ -108,7 +108,7 @@ def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
     proc.start()
     endpoints: list[str] = parent.recv()
     workers = {
-        f"w{i}": WorkerRecord(worker_id=f"w{i}", role="agg", service="agg", dp_size=1, fpm_endpoints=(ep,))
+        f"w{i}": WorkerRecord(worker_id=f"w{i}", role=Role.AGG, service="agg", dp_size=1, fpm_endpoints=(ep,))
         for i, ep in enumerate(endpoints)
     }
     store = FleetStore(ttl_s=30.0, window_size=window)
