@@ -31,6 +31,7 @@ import enum
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -145,9 +146,7 @@ def pod_state(pod: Mapping[str, Any]) -> PodState:
     )
     role_raw = labels.get(ROLE_LABEL)
     if not role_raw:
-        return msgspec.structs.replace(
-            base, issue=PodIssue.MISSING_ROLE, detail=f"label {ROLE_LABEL} missing"
-        )
+        return msgspec.structs.replace(base, issue=PodIssue.MISSING_ROLE, detail=f"label {ROLE_LABEL} missing")
     try:
         role = Role(role_raw)
     except ValueError:
@@ -359,10 +358,16 @@ class PodDiscovery:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """End :meth:`run` and wait for its thread. An open watch is cut (its socket shut down); the cut is
+        repeated until the thread exits, since a watch request may still be on its way when stop is called."""
         self._stop.set()
-        w = self._watch
-        if w is not None:
-            w.stop()  # type: ignore[no-untyped-call]
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        thread = self._thread
+        if thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive() and time.monotonic() < deadline:
+            w = self._watch
+            if w is not None:
+                w.stop()  # type: ignore[no-untyped-call]
+            thread.join(0.05)
+        self._thread = None

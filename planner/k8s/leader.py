@@ -222,9 +222,7 @@ class LeaseElector:
             ),
         )
         try:
-            created = self._api.create_namespaced_lease(
-                cfg.namespace, lease, _request_timeout=cfg.request_timeout_s
-            )
+            created = self._api.create_namespaced_lease(cfg.namespace, lease, _request_timeout=cfg.request_timeout_s)
         except CLIENT_ERRORS as exc:
             self.last_error = str(map_api_error(exc, verb="create", resource="leases", name=cfg.lease_name))
             return False

@@ -262,6 +262,7 @@ class K8sApiEmulator:
         self._state = _State()
         self._cond = threading.Condition()
         self._watch_generation = 0
+        self.open_watches = 0  # watch streams currently open
         self._stopping = False
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -324,6 +325,12 @@ class K8sApiEmulator:
         with self._cond:
             self._watch_generation += 1
             self._cond.notify_all()
+
+    def wait_for_watchers(self, count: int = 1, timeout_s: float = 10.0) -> None:
+        """Block until at least ``count`` watch streams are open (raises TimeoutError otherwise)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.open_watches >= count, timeout=timeout_s):
+                raise TimeoutError(f"{self.open_watches} watch streams open, waited for {count}")
 
     def compact(self) -> int:
         """Forget the event history: a watch resuming from an older resourceVersion gets 410 Gone."""
@@ -652,7 +659,20 @@ class K8sApiEmulator:
         generation: int,
         initial: list[Obj],
     ) -> Iterator[Obj]:
-        yield from initial
+        with self._cond:
+            self.open_watches += 1
+            self._cond.notify_all()
+        try:
+            yield from initial
+            yield from self._changes(tkey, ns, selector, since, deadline, generation)
+        finally:
+            with self._cond:
+                self.open_watches -= 1
+                self._cond.notify_all()
+
+    def _changes(
+        self, tkey: str, ns: str, selector: str | None, since: int, deadline: float, generation: int
+    ) -> Iterator[Obj]:
         while True:
             with self._cond:
                 if self._stopping or generation != self._watch_generation:
