@@ -12,6 +12,11 @@ setup:
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on CPU; text models need none.
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import vllm, zmq, msgspec; print('vllm', vllm.__version__)"
+	# Headless Chromium (Debian's package) for the diagnostics-page test (marker `browser`).
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; }
+	chromium --version
 
 # Runs every test, the real-vLLM ones included. pytest's exit code 5 (no tests collected) is a failure.
 test:

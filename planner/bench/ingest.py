@@ -102,7 +102,7 @@ def _publish(publishers: int, samples: int, conn: Connection) -> None:
 
 
 def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
-    core = _pin(0)
+    """Run the publishers in a child process and ingest here; returns the figures."""
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=_publish, args=(publishers, samples, child), daemon=True)
     proc.start()
@@ -158,7 +158,7 @@ def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
         "samples_per_s": round(stored / elapsed) if elapsed > 0 else None,
         "elapsed_s": round(elapsed, 3),
         "subscriber_cpu_s": round(cpu, 3),
-        "subscriber_core": core,
+        "subscriber_cores": sorted(os.sched_getaffinity(0)),
         "window": window,
         "window_samples_held": sum(len(w) for _, w in store.iter_windows()),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -171,5 +171,6 @@ def run(args: argparse.Namespace) -> int:
     if args.publishers < 1 or args.samples < 1 or args.window < 1:
         print("fpm-planner bench ingest: --publishers, --samples and --window must be >= 1", file=sys.stderr)
         return 2
+    _pin(0)  # the subscriber on one core, the publishers' process on the other
     print(json.dumps(measure(args.publishers, args.samples, args.window)))
     return 0
