@@ -57,9 +57,7 @@ def _scale_up_limit(current: int, events: Sequence[tuple[float, int]], now: floa
     return max(limit, current)
 
 
-def _scale_down_limit(
-    current: int, events: Sequence[tuple[float, int]], now: float, rules: ScaleRules
-) -> int:
+def _scale_down_limit(current: int, events: Sequence[tuple[float, int]], now: float, rules: ScaleRules) -> int:
     if rules.select == SelectPolicy.DISABLED:
         return current
     limits: list[int] = []
@@ -152,9 +150,7 @@ def apply_gpu_budget(asks: Sequence[BudgetAsk], max_total_gpus: int | None) -> d
     out: dict[str, Clamped] = {ask.key: Clamped(replicas=ask.wanted) for ask in asks}
     if max_total_gpus is None:
         return out
-    used = sum(
-        ask.gpus_per_replica * (ask.wanted if ask.wanted <= ask.current else ask.current) for ask in asks
-    )
+    used = sum(ask.gpus_per_replica * (ask.wanted if ask.wanted <= ask.current else ask.current) for ask in asks)
     ups = [ask for ask in asks if ask.wanted > ask.current]
     granted = {ask.key: ask.current for ask in ups}
     progress = True

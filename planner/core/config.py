@@ -74,9 +74,7 @@ class ScalingPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     def __post_init__(self) -> None:
         _need(math.isfinite(self.value) and self.value > 0, f"policy value must be > 0, got {self.value!r}")
-        _need(
-            math.isfinite(self.period_s) and self.period_s > 0, f"period_s must be > 0, got {self.period_s!r}"
-        )
+        _need(math.isfinite(self.period_s) and self.period_s > 0, f"period_s must be > 0, got {self.period_s!r}")
 
 
 class ScaleRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -186,9 +184,7 @@ class ForecastConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         _finite_nonneg("forecast.horizon_s", self.horizon_s)
         _need(math.isfinite(self.history_s) and self.history_s > 0, "forecast.history_s must be > 0")
         _need(0 < self.alpha <= 1 and 0 <= self.beta <= 1, "forecast.alpha must be in (0, 1], beta in [0, 1]")
-        _need(
-            math.isfinite(self.process_noise) and self.process_noise > 0, "forecast.process_noise must be > 0"
-        )
+        _need(math.isfinite(self.process_noise) and self.process_noise > 0, "forecast.process_noise must be > 0")
         _need(
             math.isfinite(self.measurement_noise) and self.measurement_noise > 0,
             "forecast.measurement_noise must be > 0",
@@ -282,9 +278,7 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def bounds(self) -> Bounds:
         """The run-time adjustable part: min/max per role and the GPU budget."""
-        return Bounds(
-            roles={role: rc.bounds for role, rc in self.roles.items()}, max_total_gpus=self.max_total_gpus
-        )
+        return Bounds(roles={role: rc.bounds for role, rc in self.roles.items()}, max_total_gpus=self.max_total_gpus)
 
     def with_bounds(self, bounds: Bounds) -> CoreConfig:
         """A new config with ``bounds`` applied (roles ``bounds`` does not name keep theirs). Raises

@@ -54,6 +54,7 @@ class Stage(enum.StrEnum):
     STABILIZE = "stabilize"  # HPA-style stabilization windows (seconds)
     SAFETY = "safety"  # no scale-down on missing / stale / unattributable data, or before a full window
     IN_FLIGHT = "in_flight"  # no stacking while an action is in flight; Pending targets may be lowered
+    BOUNDS_ENFORCED = "bounds_enforced"  # min/max are hard: bounds changed at run time win over every hold
     GPU_BUDGET = "gpu_budget"  # total GPUs across roles; never reverses a direction
 
 

@@ -28,9 +28,7 @@ class ForecastState(msgspec.Struct, frozen=True, kw_only=True):
     kalman_p: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 1.0)  # covariance, row-major
 
 
-def update_forecast(
-    state: ForecastState, rate_per_s: float, now: float, config: ForecastConfig
-) -> ForecastState:
+def update_forecast(state: ForecastState, rate_per_s: float, now: float, config: ForecastConfig) -> ForecastState:
     """Fold one rate observation at ``now`` into ``state``. A non-finite or negative rate, or a ``now`` not
     after the last update, leaves the state unchanged."""
     if not math.isfinite(rate_per_s) or rate_per_s < 0:

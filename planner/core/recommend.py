@@ -62,20 +62,15 @@ def recommend_threshold(
         if rec.max_num_batched_tokens > 0:
             needs.append(
                 (
-                    load.scheduled_prefill_tokens
-                    / (cfg.prefill_budget_frac * rec.max_num_batched_tokens * dp),
+                    load.scheduled_prefill_tokens / (cfg.prefill_budget_frac * rec.max_num_batched_tokens * dp),
                     "prefill token budget",
                 )
             )
     if decode:
         if rec.kv_capacity_tokens > 0:
-            needs.append(
-                (load.decode_kv_tokens / (cfg.kv_usage_frac * rec.kv_capacity_tokens * dp), "KV usage")
-            )
+            needs.append((load.decode_kv_tokens / (cfg.kv_usage_frac * rec.kv_capacity_tokens * dp), "KV usage"))
         if rec.max_num_seqs > 0:
-            needs.append(
-                (load.decode_requests / (cfg.decode_seq_frac * rec.max_num_seqs * dp), "decode batch")
-            )
+            needs.append((load.decode_requests / (cfg.decode_seq_frac * rec.max_num_seqs * dp), "decode batch"))
         needs.append(
             (
                 load.queued_decode_requests / (cfg.queued_decode_requests_per_engine * dp),
@@ -137,9 +132,7 @@ def recommend_sla(
         and load.decode_requests <= 0
         and load.queued_decode_requests <= 0
     ):
-        return Recommendation(
-            replicas=0, reason=Reason.NO_LOAD, mode=Mode.SLA, detail="no load and no traffic"
-        )
+        return Recommendation(replicas=0, reason=Reason.NO_LOAD, mode=Mode.SLA, detail="no load and no traffic")
     check_ttft = role in (Role.PREFILL, Role.AGG)
     check_itl = role in (Role.DECODE, Role.AGG)
     ttft_limit = sla.ttft_ms * (1.0 - headroom_frac)

@@ -111,13 +111,9 @@ def reconcile_services(
     if cur_service is not None:
         acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh = qp, sp, dr, qd, kv, preq, fresh
 
-    suspects = {
-        wid for wid, per in fleet.drops_by_worker.items() if any(per.get(reason) for reason in _SUSPECT_DROPS)
-    }
+    suspects = {wid for wid, per in fleet.drops_by_worker.items() if any(per.get(reason) for reason in _SUSPECT_DROPS)}
     return {
-        service: _classify(
-            role, service, workers, fleet, deployments.get(service), accs[service], missing, suspects
-        )
+        service: _classify(role, service, workers, fleet, deployments.get(service), accs[service], missing, suspects)
         for service, (role, workers) in groups.items()
     }
 
@@ -187,11 +183,7 @@ def _classify(
         if wid in suspects:
             for rank, endpoint in enumerate(record.fpm_endpoints):
                 seen = endpoints.get(endpoint)
-                if (
-                    seen is not None
-                    and (seen.worker_id != wid or seen.dp_rank != rank)
-                    and seen.last_at >= horizon
-                ):
+                if seen is not None and (seen.worker_id != wid or seen.dp_rank != rank) and seen.last_at >= horizon:
                     foreign.append(seen.worker_id if seen.worker_id != wid else f"{wid}#rank{seen.dp_rank}")
         if foreign:
             unsynced += 1

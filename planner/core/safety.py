@@ -39,12 +39,7 @@ def describe_gaps(coverage: Coverage) -> str:
         if gap == Reason.IDENTITY_NOT_SYNCED:
             ids = by_status.get(WorkerStatus.IDENTITY_NOT_SYNCED, [])
             published = sorted(
-                {
-                    p
-                    for w in coverage.problems
-                    if w.status == WorkerStatus.IDENTITY_NOT_SYNCED
-                    for p in w.published_as
-                }
+                {p for w in coverage.problems if w.status == WorkerStatus.IDENTITY_NOT_SYNCED for p in w.published_as}
             )
             parts.append(
                 f"identity_not_synced: {names(ids)} publish under "

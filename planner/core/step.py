@@ -78,18 +78,14 @@ class _Draft(msgspec.Struct, kw_only=True):
     state: ServiceState
 
 
-def _prune(
-    entries: tuple[tuple[float, int], ...], now: float, keep_s: float
-) -> tuple[tuple[float, int], ...]:
+def _prune(entries: tuple[tuple[float, int], ...], now: float, keep_s: float) -> tuple[tuple[float, int], ...]:
     if not entries or entries[0][0] > now - keep_s:
         return entries
     return tuple(entry for entry in entries if entry[0] > now - keep_s)
 
 
 def _stage(stages: list[StageResult], reasons: list[Reason], stage: Stage, clamped: Clamped) -> int:
-    stages.append(
-        StageResult(stage=stage, replicas=clamped.replicas, reason=clamped.reason, detail=clamped.detail)
-    )
+    stages.append(StageResult(stage=stage, replicas=clamped.replicas, reason=clamped.reason, detail=clamped.detail))
     if clamped.reason is not None:
         reasons.append(clamped.reason)
     return clamped.replicas
@@ -144,9 +140,7 @@ def _draft(
 
     # recommend
     rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor)
-    stages.append(
-        StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail)
-    )
+    stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
     reasons.extend(extra)
     if recon.engines_silent and override is None:
@@ -172,9 +166,7 @@ def _draft(
                 stages,
                 reasons,
                 Stage.FORECAST,
-                Clamped(
-                    replicas=value, reason=Reason.FORECAST_NO_DATA, detail="no request rate to forecast from"
-                ),
+                Clamped(replicas=value, reason=Reason.FORECAST_NO_DATA, detail="no request rate to forecast from"),
             )
         else:
             floor = math.ceil(predicted_rate / capacity - 1e-9) if capacity and predicted_rate > 0 else 0
@@ -222,9 +214,7 @@ def _draft(
     # safety: no scale-down on incomplete coverage, nor before a full window of it
     since = next_coverage_since(coverage, sstate.coverage_complete_since, now)
     if value < current:
-        allowed, why, detail = coverage_gate(
-            coverage, since, started_at, now, rc.scale_down.stabilization_window_s
-        )
+        allowed, why, detail = coverage_gate(coverage, since, started_at, now, rc.scale_down.stabilization_window_s)
         if not allowed:
             stages.append(StageResult(stage=Stage.SAFETY, replicas=current, reason=why[0], detail=detail))
             reasons.extend(why)
@@ -236,14 +226,13 @@ def _draft(
 
     # in flight
     in_flight = deployment is not None and deployment.in_flight
-    in_flight_since = (
-        (sstate.in_flight_since if sstate.in_flight_since is not None else now) if in_flight else None
-    )
-    clamped, extra_in_flight = hold_in_flight(
-        value, current, deployment, in_flight_since, now, rc.pending_timeout_s
-    )
+    in_flight_since = (sstate.in_flight_since if sstate.in_flight_since is not None else now) if in_flight else None
+    clamped, extra_in_flight = hold_in_flight(value, current, deployment, in_flight_since, now, rc.pending_timeout_s)
     value = _stage(stages, reasons, Stage.IN_FLIGHT, clamped)
     reasons.extend(extra_in_flight)
+
+    # min/max are hard limits: an operator's new bounds take effect now, whatever held the count above
+    value = _stage(stages, reasons, Stage.BOUNDS_ENFORCED, apply_bounds(value, rc.min_replicas, rc.max_replicas))
 
     new_state = ServiceState(
         recommendations=recommendations,
@@ -344,9 +333,7 @@ def step(
         sstate = state.services.get(service) or ServiceState()
         predictor = predictors.get(role) if predictors else None
         drafts.append(
-            _draft(
-                role, service, workers, observation, now, config, sstate, started_at, predictor, reconciled
-            )
+            _draft(role, service, workers, observation, now, config, sstate, started_at, predictor, reconciled)
         )
 
     budget = apply_gpu_budget(
@@ -377,9 +364,7 @@ def step(
         d.reasons.append(outcome)
         sstate = d.state
         if final != d.current:
-            sstate = msgspec.structs.replace(
-                sstate, scale_events=(*sstate.scale_events, (now, final - d.current))
-            )
+            sstate = msgspec.structs.replace(sstate, scale_events=(*sstate.scale_events, (now, final - d.current)))
         services[d.service] = sstate
         stages = tuple(d.stages)
         decisions.append(
