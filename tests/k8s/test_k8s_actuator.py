@@ -71,9 +71,7 @@ def test_is_an_actuator(api_client: k8s.ApiClient, fake_sleep: FakeSleep) -> Non
 def test_scale_through_the_adapter_reaches_the_dgd(
     cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
 ) -> None:
-    out = make_actuator(api_client, fake_sleep).scale(
-        ScaleRequest(service="decode", replicas=3, reason="load")
-    )
+    out = make_actuator(api_client, fake_sleep).scale(ScaleRequest(service="decode", replicas=3, reason="load"))
     assert (out.kind, out.applied, out.previous, out.attempts) == (OutcomeKind.APPLIED, True, 1, 1)
     assert out.attempt_log[-1].method == "dgdsa.scale"
     ad = cluster.get("dynamographdeploymentscalingadapters", NS, "vllm-disagg-decode")
@@ -83,8 +81,7 @@ def test_scale_through_the_adapter_reaches_the_dgd(
     assert writes(cluster) == [
         (
             "PUT",
-            f"/apis/nvidia.com/v1alpha1/namespaces/{NS}/"
-            "dynamographdeploymentscalingadapters/vllm-disagg-decode/scale",
+            f"/apis/nvidia.com/v1alpha1/namespaces/{NS}/dynamographdeploymentscalingadapters/vllm-disagg-decode/scale",
         )
     ]
 
@@ -101,9 +98,7 @@ def test_without_an_adapter_the_dgd_is_merge_patched(
     assert obj is not None and obj["spec"]["services"]["prefill"]["componentType"] == "worker"
 
 
-def test_same_count_writes_nothing(
-    cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
-) -> None:
+def test_same_count_writes_nothing(cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep) -> None:
     out = make_actuator(api_client, fake_sleep).scale(ScaleRequest(service="decode", replicas=1))
     assert (out.kind, out.applied) == (OutcomeKind.UNCHANGED, False)
     assert writes(cluster) == []
@@ -297,9 +292,7 @@ def test_server_errors_back_off_exponentially_then_succeed(
     cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
 ) -> None:
     cluster.inject(Fault("PUT", r"/scale$", status=500, times=2))
-    out = make_actuator(api_client, fake_sleep, backoff_initial_s=0.5).scale(
-        ScaleRequest(service="decode", replicas=2)
-    )
+    out = make_actuator(api_client, fake_sleep, backoff_initial_s=0.5).scale(ScaleRequest(service="decode", replicas=2))
     assert (out.kind, out.applied, out.attempts) == (OutcomeKind.APPLIED, True, 3)
     assert fake_sleep.waits == [0.5, 1.0]
 
@@ -308,9 +301,7 @@ def test_persistent_server_errors_give_up_and_say_so(
     cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
 ) -> None:
     cluster.inject(Fault("*", r"vllm-disagg", status=503, times=None))
-    out = make_actuator(api_client, fake_sleep, max_attempts=3).scale(
-        ScaleRequest(service="decode", replicas=2)
-    )
+    out = make_actuator(api_client, fake_sleep, max_attempts=3).scale(ScaleRequest(service="decode", replicas=2))
     assert (out.kind, out.applied, out.attempts, out.transient) == (OutcomeKind.SERVER_ERROR, False, 3, True)
     assert "gave up after 3" in out.message
     assert len(fake_sleep.waits) == 2
@@ -356,17 +347,13 @@ def test_forbidden_status_read_raises_forbidden_error(
     assert err.value.verb == "get" and err.value.resource == "dynamographdeployments"
 
 
-def test_invalid_is_permanent(
-    cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
-) -> None:
+def test_invalid_is_permanent(cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep) -> None:
     cluster.inject(Fault("PATCH", r"dynamographdeployments/vllm-disagg$", status=422, message="bad"))
     out = make_actuator(api_client, fake_sleep).scale(ScaleRequest(service="prefill", replicas=2))
     assert (out.kind, out.applied, out.attempts) == (OutcomeKind.INVALID, False, 1)
 
 
-def test_missing_dgd_is_not_found(
-    emulator: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
-) -> None:
+def test_missing_dgd_is_not_found(emulator: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep) -> None:
     out = make_actuator(api_client, fake_sleep).scale(ScaleRequest(service="decode", replicas=2))
     assert (out.kind, out.applied, out.transient) == (OutcomeKind.NOT_FOUND, False, False)
     assert "vllm-disagg" in out.message

@@ -161,9 +161,7 @@ def discovery(emulator: K8sApiEmulator, api_client: k8s.ApiClient) -> Iterator[t
     disc.stop()
 
 
-def test_list_then_watch_follows_pods(
-    emulator: K8sApiEmulator, discovery: tuple[PodDiscovery, Waiter]
-) -> None:
+def test_list_then_watch_follows_pods(emulator: K8sApiEmulator, discovery: tuple[PodDiscovery, Waiter]) -> None:
     disc, waiter = discovery
     emulator.put(pod("d-0", ip="10.0.0.1"))
     emulator.put(pod("other", role=None, labels={"app": "frontend"}))  # not selected

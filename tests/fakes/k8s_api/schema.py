@@ -128,9 +128,7 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
     where = path or "<root>"
     kind = schema.get("type")
     if kind is not None:
-        ok = isinstance(value, _TYPES[kind]) and not (
-            kind in ("integer", "number") and isinstance(value, bool)
-        )
+        ok = isinstance(value, _TYPES[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
         if not ok:
             return [f"{where}: expected {kind}, got {type(value).__name__} {value!r}"]
     if "enum" in schema and value not in schema["enum"]:

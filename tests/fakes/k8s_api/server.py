@@ -76,10 +76,15 @@ class Fault:
     retry_after_s: float | None = None
     delay_s: float = 0.0
     message: str = "injected fault"
+    user_agent: str | None = None  # only requests from this client (User-Agent), e.g. one planner replica
     hits: int = 0
 
-    def matches(self, method: str, path: str) -> bool:
-        return (self.method in ("*", method)) and re.search(self.path_pattern, path) is not None
+    def matches(self, method: str, path: str, user_agent: str = "") -> bool:
+        return (
+            self.method in ("*", method)
+            and re.search(self.path_pattern, path) is not None
+            and (self.user_agent is None or self.user_agent == user_agent)
+        )
 
 
 @dataclass
@@ -247,9 +252,7 @@ class K8sApiEmulator:
                 jp(scale["statusReplicasPath"]),
                 jp(scale["labelSelectorPath"]),
             ),
-            ResourceType(
-                "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment", DGD_SCHEMA
-            ),
+            ResourceType("nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment", DGD_SCHEMA),
         ]
         self.types: dict[str, ResourceType] = {self._key(t.group, t.version, t.plural): t for t in types}
         self.adapter_controller = adapter_controller
@@ -258,6 +261,7 @@ class K8sApiEmulator:
         self.rbac_user = "system:serviceaccount:default:fpm-planner"
         self.audit: list[tuple[str, str, str]] = []  # (verb, group, resource[/sub])
         self.requests: list[tuple[str, str]] = []  # (method, path)
+        self.request_log: list[tuple[str, str, str]] = []  # (method, path, user agent)
         self._faults: list[Fault] = []
         self._state = _State()
         self._cond = threading.Condition()
@@ -288,9 +292,7 @@ class K8sApiEmulator:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, args=(0.05,), name="k8s-api-emulator", daemon=True
-        )
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="k8s-api-emulator", daemon=True)
         self._thread.start()
         return self
 
@@ -350,11 +352,7 @@ class K8sApiEmulator:
         """Create or replace ``obj`` directly (no RBAC, no faults): test setup and controller actions."""
         group, _, version = obj["apiVersion"].rpartition("/")
         t = next(
-            (
-                t
-                for t in self.types.values()
-                if t.group == group and t.version == version and t.kind == obj["kind"]
-            ),
+            (t for t in self.types.values() if t.group == group and t.version == version and t.kind == obj["kind"]),
             None,
         )
         if t is None:
@@ -507,10 +505,10 @@ class K8sApiEmulator:
             raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
         return t, m.group("ns"), m.group("name"), sub
 
-    def take_fault(self, method: str, path: str) -> Fault | None:
+    def take_fault(self, method: str, path: str, user_agent: str = "") -> Fault | None:
         with self._cond:
             for fault in self._faults:
-                if fault.matches(method, path):
+                if fault.matches(method, path, user_agent):
                     fault.hits += 1
                     if fault.times is not None:
                         fault.times -= 1
@@ -529,9 +527,7 @@ class K8sApiEmulator:
         return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
-            "metadata": {
-                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
-            },
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")},
             "spec": {"replicas": _get_path(obj, t.scale_spec_path) or 0},
             "status": status,
         }
@@ -737,10 +733,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         emu = self.emu
+        user_agent = self.headers.get("User-Agent", "")
         with emu._cond:
             emu.requests.append((method, parsed.path))
+            emu.request_log.append((method, parsed.path, user_agent))
         try:
-            fault = emu.take_fault(method, parsed.path)
+            fault = emu.take_fault(method, parsed.path, user_agent)
             if fault is not None:
                 if fault.delay_s:
                     time.sleep(fault.delay_s)
