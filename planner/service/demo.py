@@ -51,6 +51,7 @@ def demo_core_config(max_replicas: int) -> dict[str, Any]:
     return {
         "roles": {
             "agg": {
+                "service": "demo-agg",
                 "min_replicas": 1,
                 "max_replicas": max_replicas,
                 "scale_up": {

@@ -60,9 +60,7 @@ def test_a_lapsed_lease_drops_out_of_discovery_and_its_samples_are_dropped(fast_
         # Stop renewing: the lease lapses, the worker leaves discovery and the subscriber stops listening.
         wait_for(lambda: served.http.get("/v1/workers").json()["workers"] == [], timeout_s=10.0)
         diag = wait_for(
-            lambda: (
-                (d := served.http.get("/v1/diagnostics").json())["ingest"]["endpoints_connected"] == 0 and d
-            )
+            lambda: (d := served.http.get("/v1/diagnostics").json())["ingest"]["endpoints_connected"] == 0 and d
         )
         assert diag["workers"] == []
         assert diag["ingest"]["leases_expired"] == 1
@@ -84,9 +82,7 @@ def test_deregistration_stops_ingest_at_once(fast_leases: Served) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     with FpmPublisher(worker_id="w-gone", endpoint=endpoint, heartbeat_interval_s=0.05) as publisher:
         served.http.put("/v1/workers/w-gone", json=registration([endpoint], ttl_s=30.0), headers=AUTH)
-        wait_for(
-            lambda: publisher.publish(0.01, STEP, QueuedRequests()) and rank_samples(served, "w-gone") >= 3
-        )
+        wait_for(lambda: publisher.publish(0.01, STEP, QueuedRequests()) and rank_samples(served, "w-gone") >= 3)
         served.http.delete("/v1/workers/w-gone", headers=AUTH).raise_for_status()
         assert "w-gone" not in served.runner.store.workers
         assert served.runner.store.window("w-gone", 0) == ()
@@ -98,15 +94,13 @@ def test_samples_under_a_lapsed_id_are_dropped_as_unknown_worker(fast_leases: Se
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     with FpmPublisher(worker_id="w-old", endpoint=endpoint, heartbeat_interval_s=0.05) as publisher:
         served.http.put("/v1/workers/w-old", json=registration([endpoint], ttl_s=0.5), headers=AUTH)
-        wait_for(
-            lambda: publisher.publish(0.01, STEP, QueuedRequests()) and rank_samples(served, "w-old") >= 3
-        )
+        wait_for(lambda: publisher.publish(0.01, STEP, QueuedRequests()) and rank_samples(served, "w-old") >= 3)
         wait_for(lambda: served.http.get("/v1/workers").json()["workers"] == [])
         served.http.put("/v1/workers/w-new", json=registration([endpoint], ttl_s=30.0), headers=AUTH)
 
         def dropped() -> bool:
             publisher.publish(0.01, STEP, QueuedRequests())
-            return served.http.get("/v1/diagnostics").json()["drops"]["unknown_worker"] >= 5
+            return int(served.http.get("/v1/diagnostics").json()["drops"]["unknown_worker"]) >= 5
 
         wait_for(dropped)
         (worker,) = served.http.get("/v1/diagnostics").json()["workers"]
@@ -117,9 +111,6 @@ def test_samples_under_a_lapsed_id_are_dropped_as_unknown_worker(fast_leases: Se
         assert "w-old" in worker["cause"]
         metrics = served.http.get("/metrics").text
         wait_for(
-            lambda: (
-                'fpm_planner_fpm_drops_total{reason="unknown_worker"} 0.0'
-                not in served.http.get("/metrics").text
-            )
+            lambda: 'fpm_planner_fpm_drops_total{reason="unknown_worker"} 0.0' not in served.http.get("/metrics").text
         )
         assert "fpm_planner_fpm_drops_total" in metrics

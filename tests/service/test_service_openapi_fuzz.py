@@ -1,5 +1,5 @@
-"""Property-based run over the published OpenAPI spec (schemathesis): no request, valid or not, with or without
-the token, gets a 5xx from a real server."""
+"""Property-based run over the published OpenAPI spec (schemathesis): no request, valid or not, with or
+without the token, gets a 5xx from a real server."""
 
 from __future__ import annotations
 
