@@ -79,19 +79,24 @@ def reconcile_services(
             service_of[record.worker_id] = service
     accs: dict[str, _Acc] = {service: _Acc() for service in groups}
     missing: dict[str, list[int]] = {}
+    # Ranks arrive grouped by worker (the snapshot lists each worker's ranks together), so the service lookup
+    # and the switch of accumulators happen once per worker; ranks of workers outside ``groups`` go to a
+    # discarded accumulator.
+    discard = _Acc()
     cur_service: str | None = None
-    acc = _Acc()
+    last_wid: str | None = None
+    acc = discard
     qp = sp = dr = qd = kv = preq = fresh = 0
     for view in fleet.ranks.values():
-        svc = service_of.get(view.worker_id)
-        if svc is None:
-            continue
-        if svc is not cur_service:
-            if cur_service is not None:
+        wid = view.worker_id
+        if wid is not last_wid:
+            last_wid = wid
+            svc = service_of.get(wid)
+            if svc is not cur_service:
                 acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh = qp, sp, dr, qd, kv, preq, fresh
-            cur_service = svc
-            acc = accs[svc]
-            qp, sp, dr, qd, kv, preq, fresh = acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh
+                cur_service = svc
+                acc = discard if svc is None else accs[svc]
+                qp, sp, dr, qd, kv, preq, fresh = acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh
         if view.fresh:
             sample = view.latest
             if sample is None:  # never: the store marks a rank fresh only after a sample
@@ -107,9 +112,8 @@ def reconcile_services(
             preq += queued.num_prefill_requests
             fresh += 1
         else:
-            missing.setdefault(view.worker_id, []).append(view.dp_rank)
-    if cur_service is not None:
-        acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh = qp, sp, dr, qd, kv, preq, fresh
+            missing.setdefault(wid, []).append(view.dp_rank)
+    acc.qp, acc.sp, acc.dr, acc.qd, acc.kv, acc.preq, acc.fresh = qp, sp, dr, qd, kv, preq, fresh
 
     suspects = {wid for wid, per in fleet.drops_by_worker.items() if any(per.get(reason) for reason in _SUSPECT_DROPS)}
     return {
