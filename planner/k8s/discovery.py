@@ -45,6 +45,8 @@ from planner.k8s.errors import CLIENT_ERRORS, http_status, map_api_error
 
 __all__ = [
     "ANNOTATION_PREFIX",
+    "ROLE_LABEL",
+    "SERVICE_LABEL",
     "PodDiscovery",
     "PodDiscoveryConfig",
     "PodIssue",
