@@ -91,6 +91,7 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     history: HistoryConfig = HistoryConfig()
     actuator: ActuatorConfig = ActuatorConfig()
     core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
+    kubernetes: dict[str, Any] | None = None  # pod discovery and leader election (planner.k8s.setup)
     auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused
 
     def __post_init__(self) -> None:

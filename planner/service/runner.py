@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -41,7 +41,7 @@ from planner.core import (
     step,
 )
 from planner.core import load_config as load_core_config
-from planner.discovery import EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
+from planner.discovery import Discovery, EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
 from planner.errors import ActuatorError, ConfigError, DiscoveryError, LeaseError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
@@ -101,9 +101,14 @@ class PlannerRunner:
         *,
         actuator: Actuator | None = None,
         elector: LeaderElector | None = None,
+        sources: Sequence[Discovery] = (),
     ) -> None:
+        """``sources``: further discovery sources (e.g. planner.k8s's PodDiscovery), merged after the static
+        file and before registrations; one that also offers ``readiness(now) -> {worker_id: bool}`` reports
+        workers the deployment holds not ready."""
         self.config = config
         self.actuator = actuator
+        self.sources = tuple(sources)
         self.elector = elector
         self.metrics = PlannerMetrics()
         self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
@@ -214,6 +219,17 @@ class PlannerRunner:
             for wid, record in self.static.workers(now).items():
                 workers[wid] = record
                 sources[wid] = "static"
+        for source in self.sources:
+            label = _source_label(source)
+            try:
+                found = source.workers(now)
+            except DiscoveryError as exc:
+                log.warning("discovery source %s failed: %s", label, exc)
+                continue
+            for wid, record in found.items():
+                if wid not in workers:
+                    workers[wid] = record
+                    sources[wid] = label
         for wid, record in self.leases.workers(now).items():
             if wid not in workers:
                 workers[wid] = record
@@ -331,8 +347,22 @@ class PlannerRunner:
             self.metrics.tick_duration_seconds.observe(time.perf_counter() - started)
 
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
+        not_ready: dict[str, list[str]] = {}
+        for source in self.sources:
+            readiness = getattr(source, "readiness", None)
+            if readiness is None:
+                continue
+            for wid, ready in readiness(snapshot.now).items():
+                record = self._workers.get(wid)
+                if record is not None and not ready:
+                    not_ready.setdefault(record.service, []).append(wid)
         deployments = (
-            {} if status is None else {name: DeploymentStatus.from_service_status(st) for name, st in status.items()}
+            {}
+            if status is None
+            else {
+                name: DeploymentStatus.from_service_status(st, not_ready_workers=tuple(sorted(not_ready.get(name, ()))))
+                for name, st in status.items()
+            }
         )
         return Observation(
             workers=dict(self._workers), fleet=snapshot, deployments=deployments, traffic=dict(self.traffic)
@@ -716,6 +746,11 @@ def _role_counts(services: list[dict[str, Any]]) -> dict[str, Any]:
             "deployment_ready": sum(ready) if ready else None,
         }
     return out
+
+
+def _source_label(source: Discovery) -> str:
+    name = type(source).__name__
+    return {"PodDiscovery": "kubernetes"}.get(name, name)
 
 
 def _given(value: int | None, default: int) -> int:

@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -53,13 +54,28 @@ def run(args: argparse.Namespace) -> int:
         env["FPM_PLANNER_HOST"] = args.host
     if args.port is not None:
         env["FPM_PLANNER_PORT"] = str(args.port)
+    pieces: Any = None
     try:
         config = load_config(args.config, env)
-        runner = PlannerRunner(config, actuator=build_actuator(config))
+        if config.kubernetes is not None:
+            setup = importlib.import_module("planner.k8s.setup")  # only with a kubernetes section
+            pieces = setup.build_kubernetes(config.kubernetes, env)
+        runner = PlannerRunner(
+            config,
+            actuator=build_actuator(config),
+            elector=None if pieces is None else pieces.elector,
+            sources=() if pieces is None or pieces.discovery is None else (pieces.discovery,),
+        )
     except ConfigError as exc:
         print(f"fpm-planner serve: {exc}", file=sys.stderr)
         return 2
     app = create_app(runner)
     server = GracefulServer(uvicorn.Config(app, host=config.http.host, port=config.http.port, log_level=args.log_level))
-    server.run()
+    if pieces is not None:
+        pieces.start()
+    try:
+        server.run()
+    finally:
+        if pieces is not None:
+            pieces.stop()  # the elector releases its Lease
     return 0
