@@ -80,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
         Role.DECODE: Traffic(request_rate_per_s=400.0, isl_tokens=3000, osl_tokens=300),
     }
     endpoints = [
-        (wid, rank, rec.fpm_endpoints[rank], rec.role)
-        for wid, rec in workers.items()
-        for rank in range(rec.dp_size)
+        (wid, rank, rec.fpm_endpoints[rank], rec.role) for wid, rec in workers.items() for rank in range(rec.dp_size)
     ]
     counter = 0
     state = CoreState()
@@ -99,9 +97,7 @@ def run(args: argparse.Namespace) -> int:
                 sched = ScheduledRequests(num_prefill_requests=2, sum_prefill_tokens=int(6000 * scale))
                 queued = QueuedRequests(num_prefill_requests=1, sum_prefill_tokens=int(2000 * scale))
             else:
-                sched = ScheduledRequests(
-                    num_decode_requests=int(120 * scale), sum_decode_kv_tokens=int(2e5 * scale)
-                )
+                sched = ScheduledRequests(num_decode_requests=int(120 * scale), sum_decode_kv_tokens=int(2e5 * scale))
                 queued = QueuedRequests()
             store.ingest(
                 endpoint,

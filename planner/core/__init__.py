@@ -40,7 +40,7 @@ from planner.core.decision import (
     WorkerCoverage,
     WorkerStatus,
 )
-from planner.core.observation import DeploymentStatus, Observation, RoleLoad, Traffic
+from planner.core.observation import DeploymentStatus, Observation, ObservationError, RoleLoad, Traffic
 from planner.core.state import CoreState, ServiceState
 from planner.core.step import step
 
@@ -57,6 +57,7 @@ __all__ = [
     "ForecastMethod",
     "Mode",
     "Observation",
+    "ObservationError",
     "PolicyKind",
     "Reason",
     "RoleBounds",

@@ -269,9 +269,10 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             self.max_total_gpus is None or self.max_total_gpus >= 0,
             f"max_total_gpus must be >= 0, got {self.max_total_gpus!r}",
         )
-        # Roles left out get the defaults (the struct is frozen; its dict is ours to complete).
-        for role in Role:
-            self.roles.setdefault(role, RoleConfig())
+        # Roles left out get the defaults (on a copy: the caller's dict is left alone).
+        if any(role not in self.roles for role in Role):
+            roles = {role: self.roles.get(role) or RoleConfig() for role in Role}
+            msgspec.structs.force_setattr(self, "roles", roles)
 
     def role(self, role: Role) -> RoleConfig:
         return self.roles.get(role) or RoleConfig()

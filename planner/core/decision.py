@@ -192,8 +192,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """One service's decision at one tick, hold or move, with everything needed to explain it.
 
     ``id`` is ``"{tick}-{service}"`` (unique within one planner run). ``stages`` are in pipeline order;
-    ``reasons`` is the ordered list of every reason that shaped the result (most decisive first), ending with
-    the outcome (``scale_up`` / ``scale_down`` / ``hold``). ``summary`` says it in one sentence.
+    ``reasons`` is every reason that shaped the result, in pipeline order (each once), ending with the outcome
+    (``scale_up`` / ``scale_down`` / ``hold``); see docs/reasons.md. ``summary`` says it in one sentence,
+    naming the workers behind a hold.
     """
 
     id: str

@@ -45,14 +45,18 @@ def group_services(
     role's configured ``service`` (decided even with no worker discovered). A service's role is that of its
     workers (the lowest worker id wins should they disagree)."""
     groups: dict[str, tuple[Role, list[WorkerRecord]]] = {}
+    mixed: set[str] = set()
     for record in workers.values():
         group = groups.get(record.service)
         if group is None:
             groups[record.service] = (record.role, [record])
         else:
             group[1].append(record)
-            if record.role != group[0] and record.worker_id < min(w.worker_id for w in group[1]):
-                groups[record.service] = (record.role, group[1])
+            if record.role != group[0]:
+                mixed.add(record.service)
+    for service in mixed:
+        members = groups[service][1]
+        groups[service] = (min(members, key=lambda w: w.worker_id).role, members)
     for role, role_config in config.roles.items():
         if role_config.service is not None and role_config.service not in groups:
             groups[role_config.service] = (role, [])

@@ -116,3 +116,10 @@ def test_bounds_are_replaced_between_ticks_without_touching_the_rest() -> None:
     assert new.role(Role.PREFILL) == config.role(Role.PREFILL)
     assert new.max_total_gpus == 12 and config.max_total_gpus is None
     assert msgspec.json.decode(msgspec.json.encode(new.bounds()), type=Bounds) == new.bounds()
+
+
+def test_building_a_config_leaves_the_callers_dict_alone() -> None:
+    roles = {Role.DECODE: RoleConfig(max_replicas=3)}
+    config = CoreConfig(roles=roles)
+    assert list(roles) == [Role.DECODE]
+    assert set(config.roles) == set(Role) and config.role(Role.DECODE).max_replicas == 3

@@ -245,3 +245,12 @@ def test_observation_is_cheap_to_build_and_round_trips() -> None:
     assert Traffic(request_rate_per_s=float("nan"), isl_tokens=-3).clean() == Traffic()
     _, decisions = step(CoreState(), obs, 0.0, CoreConfig())
     assert only(decisions).inputs.request_rate_per_s is None
+
+
+def test_a_service_whose_workers_disagree_on_the_role_takes_the_lowest_worker_ids_role() -> None:
+    fleet = Fleet()
+    fleet.add("z-worker", Role.PREFILL, "mixed")
+    fleet.add("a-worker", Role.DECODE, "mixed")
+    fleet.deploy("mixed", 2)
+    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, CoreConfig())
+    assert only(decisions, "mixed").role == Role.DECODE
