@@ -63,9 +63,7 @@ def _number(path: Path, row_no: int, row: dict[str, str], field: str, *, positiv
         raise ProfileError(f"{path}: row {row_no}: field '{field}' is not a number: {raw!r}") from exc
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         kind = "positive" if positive else "non-negative"
-        raise ProfileError(
-            f"{path}: row {row_no}: field '{field}' must be a finite {kind} number, got {raw!r}"
-        )
+        raise ProfileError(f"{path}: row {row_no}: field '{field}' must be a finite {kind} number, got {raw!r}")
     return value
 
 
@@ -76,9 +74,7 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
             header = tuple(reader.fieldnames or ())
             missing = [f for f in required if f not in header]
             if missing:
-                raise ProfileError(
-                    f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header)})"
-                )
+                raise ProfileError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
             rows = [(i, row) for i, row in enumerate(reader, start=2)]
     except OSError as exc:
         raise ProfileError(f"cannot read {path}: {exc}") from exc
@@ -144,9 +140,7 @@ def load_profile(directory: str | Path, *, max_kv_tokens: int | None = None) -> 
         kv_frac = _number(decode_path, row_no, row, "kv_usage_fraction", positive=False)
         itl_ms = _number(decode_path, row_no, row, "itl_ms", positive=True)
         if kv_frac > 1.0:
-            raise ProfileError(
-                f"{decode_path}: row {row_no}: kv_usage_fraction must be at most 1, got {kv_frac:g}"
-            )
+            raise ProfileError(f"{decode_path}: row {row_no}: kv_usage_fraction must be at most 1, got {kv_frac:g}")
         if has_throughput:
             thr = _number(decode_path, row_no, row, "throughput_tokens_per_s_per_gpu", positive=True)
             batch = thr * itl_ms / 1000.0

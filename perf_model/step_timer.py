@@ -263,11 +263,7 @@ class ProfileStepTimer:
         total = 0.0
         base = self.base_ms
         if prefill_tokens > 0.0:
-            total += (
-                self.prefill_only_ms(prefill_tokens)
-                - base
-                + self.attn_ms * prefill_tokens * prefill_kv_tokens
-            )
+            total += self.prefill_only_ms(prefill_tokens) - base + self.attn_ms * prefill_tokens * prefill_kv_tokens
         if decode_requests > 0.0:
             total += self.decode_only_ms(decode_requests, decode_kv_tokens) - base
         elif prefill_tokens <= 0.0:
@@ -279,9 +275,7 @@ class ProfileStepTimer:
     ) -> float:
         """Duration in seconds of one engine step (see :meth:`step_time_ms`); 0.0 when nothing is
         scheduled."""
-        return (
-            self.step_time_ms(prefill_tokens, prefill_kv_tokens, decode_requests, decode_kv_tokens) / 1000.0
-        )
+        return self.step_time_ms(prefill_tokens, prefill_kv_tokens, decode_requests, decode_kv_tokens) / 1000.0
 
     def ttft_ms(self, isl_tokens: float, max_num_batched_tokens: int) -> float:
         """TTFT of one request alone on an idle engine, prefilled in chunks of ``max_num_batched_tokens``,

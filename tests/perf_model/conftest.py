@@ -20,9 +20,7 @@ def h200_timer() -> ProfileStepTimer:
     return ProfileStepTimer.from_dir(H200_PROFILE)
 
 
-def _write_profile(
-    root: Path, prefill: str, decode: str, readme: str | None = "max_kv_tokens = 1000"
-) -> Path:
+def _write_profile(root: Path, prefill: str, decode: str, readme: str | None = "max_kv_tokens = 1000") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "prefill.csv").write_text(prefill)
     (root / "decode.csv").write_text(decode)

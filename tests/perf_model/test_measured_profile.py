@@ -22,10 +22,7 @@ def test_h200_profile_loads_with_batches_from_littles_law(h200_dir: Path) -> Non
     first = profile.decode[0]
     assert first.context_length_tokens == 350
     assert first.decode_requests == pytest.approx(1.0, abs=0.02)
-    assert all(
-        d.decode_kv_tokens == pytest.approx(d.decode_requests * d.context_length_tokens)
-        for d in profile.decode
-    )
+    assert all(d.decode_kv_tokens == pytest.approx(d.decode_requests * d.context_length_tokens) for d in profile.decode)
 
 
 def test_any_directory_in_the_format_loads(tmp_path: Path, write_profile: Callable[..., Path]) -> None:
