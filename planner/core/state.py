@@ -18,8 +18,11 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
 
     # (at, recommendation after bounds): what the stabilization windows look back over.
     recommendations: tuple[tuple[float, int], ...] = ()
-    # (at, replica change the decision asked for): what the rate-limit periods count.
+    # (at, replica change): scale actions the deployment took, what the rate-limit periods count.
     scale_events: tuple[tuple[float, int], ...] = ()
+    # (at, from, to) of the last decision that asked for a change; it becomes a scale event once the deployment
+    # reports ``to`` as its desired count (an advisory or failed action never counts against the rate limits).
+    pending_scale: tuple[float, int, int] | None = None
     # Since when every ready replica and rank has been covered without a break (None: not covered now).
     coverage_complete_since: float | None = None
     # Since when the deployment has had an action in flight (None: settled).

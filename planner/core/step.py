@@ -195,7 +195,12 @@ def _draft(
     keep_recs_s = max(rc.scale_up.stabilization_window_s, rc.scale_down.stabilization_window_s)
     recommendations = (*_prune(sstate.recommendations, now, keep_recs_s), (now, value))
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
-    events = _prune(sstate.scale_events, now, keep_events_s)
+    events = sstate.scale_events
+    if sstate.pending_scale is not None:
+        at, before, after = sstate.pending_scale
+        if current == after and after != before:
+            events = (*events, (at, after - before))
+    events = _prune(events, now, keep_events_s)
 
     # rate limit, stabilize
     value = _stage(
@@ -368,7 +373,7 @@ def step(
         d.reasons.append(outcome)
         sstate = d.state
         if final != d.current:
-            sstate = msgspec.structs.replace(sstate, scale_events=(*sstate.scale_events, (now, final - d.current)))
+            sstate = msgspec.structs.replace(sstate, pending_scale=(now, d.current, final))
         services[d.service] = sstate
         stages = tuple(d.stages)
         decisions.append(

@@ -254,3 +254,28 @@ def test_a_service_whose_workers_disagree_on_the_role_takes_the_lowest_worker_id
     fleet.deploy("mixed", 2)
     _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, CoreConfig())
     assert only(decisions, "mixed").role == Role.DECODE
+
+
+def test_an_action_the_deployment_never_took_does_not_count_against_the_rate_limits() -> None:
+    # Advisory mode (or a failed write): the deployment stays at 4; every tick still advises 4 -> 8.
+    fleet = decode_fleet()
+    state = CoreState()
+    finals = []
+    for t in (0.0, 5.0, 10.0):
+        fleet.publish_all(t, Load(decode=50, queued_decode=8))
+        state, decisions = step(state, fleet.observe(t), t, CoreConfig())
+        finals.append((only(decisions).action, only(decisions).final_replicas))
+    assert finals == [(Action.SCALE_UP, 8)] * 3
+
+
+def test_an_action_the_deployment_took_counts_against_the_rate_limits() -> None:
+    fleet = decode_fleet(2)
+    state = CoreState()
+    fleet.publish_all(0.0, Load(decode=50, queued_decode=20))
+    state, decisions = step(state, fleet.observe(0.0), 0.0, CoreConfig())
+    assert only(decisions).final_replicas == 6
+    fleet.deploy("decode", 6)
+    fleet.publish_all(5.0, Load(decode=50, queued_decode=20))
+    _, decisions = step(state, fleet.observe(5.0), 5.0, CoreConfig())
+    d = only(decisions)
+    assert d.final_replicas == 6 and Reason.SCALE_UP_RATE_LIMITED in d.reasons
