@@ -170,7 +170,13 @@ def _draft(
                 stages,
                 reasons,
                 Stage.FORECAST,
-                Clamped(replicas=value, reason=Reason.FORECAST_NO_DATA, detail="no request rate to forecast from"),
+                Clamped(
+                    replicas=value,
+                    reason=Reason.FORECAST_NO_DATA,
+                    detail="no request rate to forecast from"
+                    if predicted_rate is None
+                    else "no per-replica capacity: set forecast.replica_capacity_rps",
+                ),
             )
         else:
             floor = math.ceil(predicted_rate / capacity - 1e-9) if capacity and predicted_rate > 0 else 0
