@@ -53,9 +53,12 @@ def ours_core_config(settings: CompareSettings) -> CoreConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{settings.core_config_path}: expected a mapping")
         return load_config(data)
-    role = RoleConfig(min_replicas=1, max_replicas=settings.max_replicas,
-                      gpus_per_replica=settings.fleet.gpus_per_replica,
-                      sla=SlaTargets(ttft_ms=settings.sla.ttft_ms, itl_ms=settings.sla.itl_ms))
+    role = RoleConfig(
+        min_replicas=1,
+        max_replicas=settings.max_replicas,
+        gpus_per_replica=settings.fleet.gpus_per_replica,
+        sla=SlaTargets(ttft_ms=settings.sla.ttft_ms, itl_ms=settings.sla.itl_ms),
+    )
     return CoreConfig(roles={r: role for r in settings.fleet.roles})
 
 
@@ -63,9 +66,15 @@ def _timeline_rows(timeline: Sequence[TimelinePoint]) -> list[list[Any]]:
     return [[p.at_s, p.replicas, p.ready, p.arrivals_per_s, p.ttft_p99_ms, p.itl_p99_ms] for p in timeline]
 
 
-def compare(trace: Trace, policies: Sequence[str], *, settings: CompareSettings, timer: StepTimer,
-            predictors: Mapping[Role, PerfPredictor] | None = None,
-            progress: Progress | None = None) -> dict[str, Any]:
+def compare(
+    trace: Trace,
+    policies: Sequence[str],
+    *,
+    settings: CompareSettings,
+    timer: StepTimer,
+    predictors: Mapping[Role, PerfPredictor] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Run ``policies`` (names from :data:`POLICIES`) on ``trace``; returns the JSON document."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -77,63 +86,130 @@ def compare(trace: Trace, policies: Sequence[str], *, settings: CompareSettings,
     summaries: dict[str, PolicySummary] = {}
     timelines: dict[str, list[list[Any]]] = {}
     extra: dict[str, Any] = {}
-    oracle, oracle_out = run_oracle(trace, fleet_config=fc, timer=timer, sla=sla, feasible=feasible,
-                                    window_s=settings.oracle_window_s, max_replicas=settings.max_replicas * 4,
-                                    progress=progress)
+    oracle, oracle_out = run_oracle(
+        trace,
+        fleet_config=fc,
+        timer=timer,
+        sla=sla,
+        feasible=feasible,
+        window_s=settings.oracle_window_s,
+        max_replicas=settings.max_replicas * 4,
+        progress=progress,
+    )
     oracle_tl = [
-        TimelinePoint(at_s=(i + 1) * oracle.window_s, replicas=n, ready=n, arrivals_per_s=0.0, ttft_p99_ms=None,
-                      itl_p99_ms=None)
+        TimelinePoint(
+            at_s=(i + 1) * oracle.window_s, replicas=n, ready=n, arrivals_per_s=0.0, ttft_p99_ms=None, itl_p99_ms=None
+        )
         for i, n in enumerate(oracle.replicas)
     ]
     if "oracle" in policies:
-        summaries["oracle"] = summarize(oracle_out, sla, gpu_hours=oracle.gpu_hours, events=(),
-                                        timeline=oracle_tl, replay_wall_s=oracle.wall_s,
-                                        oracle_gpu_hours=oracle.gpu_hours,
-                                        scale_actions=sum(1 for a, b in zip(oracle.replicas, oracle.replicas[1:],
-                                                                            strict=False) if a != b),
-                                        notes=("per-window fresh fleet, instant scaling: a lower bound",))
+        summaries["oracle"] = summarize(
+            oracle_out,
+            sla,
+            gpu_hours=oracle.gpu_hours,
+            events=(),
+            timeline=oracle_tl,
+            replay_wall_s=oracle.wall_s,
+            oracle_gpu_hours=oracle.gpu_hours,
+            scale_actions=sum(1 for a, b in zip(oracle.replicas, oracle.replicas[1:], strict=False) if a != b),
+            notes=("per-window fresh fleet, instant scaling: a lower bound",),
+        )
         timelines["oracle"] = _timeline_rows(oracle_tl)
         extra["oracle"] = {"window_s": oracle.window_s, "replicas": oracle.replicas}
     initial = oracle.replicas[0] if oracle.replicas else 1
     if "fixed" in policies:
-        n, res = find_fixed_peak(trace, fleet_config=fc, timer=timer, sla=sla, feasible=feasible,
-                                 start=max(oracle.replicas, default=1), max_replicas=settings.max_replicas * 4,
-                                 progress=progress)
-        summaries["fixed"] = summarize(res.outcomes, sla, gpu_hours=res.gpu_hours, events=res.events,
-                                       timeline=res.timeline, replay_wall_s=res.wall_s,
-                                       oracle_gpu_hours=oracle.gpu_hours,
-                                       notes=(f"fixed at {n} replicas (smallest meeting the target)",))
+        n, res = find_fixed_peak(
+            trace,
+            fleet_config=fc,
+            timer=timer,
+            sla=sla,
+            feasible=feasible,
+            start=max(oracle.replicas, default=1),
+            max_replicas=settings.max_replicas * 4,
+            progress=progress,
+        )
+        summaries["fixed"] = summarize(
+            res.outcomes,
+            sla,
+            gpu_hours=res.gpu_hours,
+            events=res.events,
+            timeline=res.timeline,
+            replay_wall_s=res.wall_s,
+            oracle_gpu_hours=oracle.gpu_hours,
+            notes=(f"fixed at {n} replicas (smallest meeting the target)",),
+        )
         timelines["fixed"] = _timeline_rows(res.timeline)
         extra["fixed"] = {"replicas": n}
     dynamic: list[tuple[str, Any]] = []
     if "hpa" in policies:
-        dynamic.append(("hpa", HpaQueuePolicy(target_queue_per_replica=settings.hpa_target_queue_per_replica,
-                                              max_replicas=settings.max_replicas)))
+        dynamic.append(
+            (
+                "hpa",
+                HpaQueuePolicy(
+                    target_queue_per_replica=settings.hpa_target_queue_per_replica, max_replicas=settings.max_replicas
+                ),
+            )
+        )
     if "dynamo" in policies:
-        dynamic.append(("dynamo", DynamoRulesPolicy(timer, sla, tick_s=settings.dynamo_tick_s,
-                                                    max_replicas=settings.max_replicas)))
+        dynamic.append(
+            ("dynamo", DynamoRulesPolicy(timer, sla, tick_s=settings.dynamo_tick_s, max_replicas=settings.max_replicas))
+        )
     if "ours" in policies:
-        dynamic.append(("ours", OursPolicy(ours_core_config(settings), tick_s=settings.tick_s,
-                                           predictors=predictors, pass_traffic=settings.pass_traffic)))
+        dynamic.append(
+            (
+                "ours",
+                OursPolicy(
+                    ours_core_config(settings),
+                    tick_s=settings.tick_s,
+                    predictors=predictors,
+                    pass_traffic=settings.pass_traffic,
+                ),
+            )
+        )
     for name, policy in dynamic:
-        res = run_policy(trace, policy, fleet_config=fc, timer=timer, sla=sla, feasible=feasible,
-                         initial_replicas=initial, progress=progress)
+        res = run_policy(
+            trace,
+            policy,
+            fleet_config=fc,
+            timer=timer,
+            sla=sla,
+            feasible=feasible,
+            initial_replicas=initial,
+            progress=progress,
+        )
         notes: tuple[str, ...] = ()
         if isinstance(policy, OursPolicy):
-            notes = (f"modes {dict(policy.modes)}",
-                     "top reasons " + ", ".join(f"{k}={v}" for k, v in policy.reasons.most_common(8)))
+            notes = (
+                f"modes {dict(policy.modes)}",
+                "top reasons " + ", ".join(f"{k}={v}" for k, v in policy.reasons.most_common(8)),
+            )
             sink = res.fleet.sink
-            extra["ours"] = {"fpm_samples": getattr(sink, "samples", 0), "heartbeats": getattr(sink, "heartbeats", 0),
-                             "fpm_dropped": getattr(sink, "dropped", 0), "modes": dict(policy.modes),
-                             "reasons": dict(policy.reasons)}
-        summaries[name] = summarize(res.outcomes, sla, gpu_hours=res.gpu_hours, events=res.events,
-                                    timeline=res.timeline, replay_wall_s=res.wall_s,
-                                    oracle_gpu_hours=oracle.gpu_hours, notes=notes)
+            extra["ours"] = {
+                "fpm_samples": getattr(sink, "samples", 0),
+                "heartbeats": getattr(sink, "heartbeats", 0),
+                "fpm_dropped": getattr(sink, "dropped", 0),
+                "modes": dict(policy.modes),
+                "reasons": dict(policy.reasons),
+            }
+        summaries[name] = summarize(
+            res.outcomes,
+            sla,
+            gpu_hours=res.gpu_hours,
+            events=res.events,
+            timeline=res.timeline,
+            replay_wall_s=res.wall_s,
+            oracle_gpu_hours=oracle.gpu_hours,
+            notes=notes,
+        )
         timelines[name] = _timeline_rows(res.timeline)
     ordered = {p: msgspec.to_builtins(summaries[p]) for p in POLICIES if p in summaries}
     return {
-        "trace": {"name": trace.name, "requests": len(trace), "duration_s": trace.duration_s,
-                  "infeasible_requests": int((~feasible).sum())},
+        "trace": {
+            "name": trace.name,
+            "requests": len(trace),
+            "duration_s": trace.duration_s,
+            "infeasible_requests": int((~feasible).sum()),
+        },
         "settings": msgspec.to_builtins(settings),
         "policies": ordered,
         "details": extra,
@@ -150,15 +226,15 @@ def goals(s: Mapping[str, PolicySummary]) -> dict[str, bool | None]:
         return {}
     out: dict[str, bool | None] = {
         "ours_attainment_ge_0.99": ours.sla_attainment >= 0.99,
-        "ours_gpu_hours_le_1.10x_oracle": (None if ours.gpu_hours_vs_oracle is None
-                                            else ours.gpu_hours_vs_oracle <= 1.10),
+        "ours_gpu_hours_le_1.10x_oracle": (
+            None if ours.gpu_hours_vs_oracle is None else ours.gpu_hours_vs_oracle <= 1.10
+        ),
     }
     fixed = s.get("fixed")
     out["ours_gpu_hours_le_0.75x_fixed"] = None if fixed is None else ours.gpu_hours <= 0.75 * fixed.gpu_hours
     for name in ("hpa", "dynamo"):
         other = s.get(name)
         out[f"ours_better_than_{name}_both_axes"] = (
-            None if other is None
-            else ours.sla_attainment >= other.sla_attainment and ours.gpu_hours <= other.gpu_hours
+            None if other is None else ours.sla_attainment >= other.sla_attainment and ours.gpu_hours <= other.gpu_hours
         )
     return out

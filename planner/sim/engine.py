@@ -75,8 +75,7 @@ class SimRequest:
         "target_prefill",
     )
 
-    def __init__(self, rid: int, arrival_s: float, isl: int, osl: int,
-                 hash_ids: Sequence[int] | None = None) -> None:
+    def __init__(self, rid: int, arrival_s: float, isl: int, osl: int, hash_ids: Sequence[int] | None = None) -> None:
         self.rid = rid
         self.arrival_s = arrival_s
         self.isl = max(1, isl)
@@ -114,8 +113,9 @@ StepSink = Callable[["SimEngine", float, ScheduledRequests, QueuedRequests, floa
 class SimEngine:
     """One simulated engine (one DP rank). Not thread-safe; driven by a fleet or a test."""
 
-    def __init__(self, worker_id: str, config: EngineConfig, timer: StepTimer, *, sink: StepSink | None = None,
-                 dp_rank: int = 0) -> None:
+    def __init__(
+        self, worker_id: str, config: EngineConfig, timer: StepTimer, *, sink: StepSink | None = None, dp_rank: int = 0
+    ) -> None:
         self.worker_id = worker_id
         self.dp_rank = dp_rank
         self.config = config
@@ -273,8 +273,7 @@ class SimEngine:
             p_kv += req.done_prefill
             sum_len += req.target_prefill
             sumsq_len += req.target_prefill * req.target_prefill
-        for req, c in chunks:
-            self.kv_prefill_tokens += c
+        self.kv_prefill_tokens += p_tokens
         dt = self.timer.step_time_s(p_tokens, p_kv, n_dec, kv_dec)
         self._step_decode = n_dec
         self.busy = True

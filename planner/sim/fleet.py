@@ -94,8 +94,9 @@ class FpmSink(Protocol):
 
     def detach(self, engine: SimEngine, now: float) -> None: ...
 
-    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
-             end_s: float) -> None: ...
+    def step(
+        self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests, end_s: float
+    ) -> None: ...
 
     def idle(self, engine: SimEngine, now: float) -> None:
         """Called at least once per heartbeat interval while the engine is ready (heartbeat when idle)."""
@@ -111,8 +112,9 @@ class NullSink:
     def detach(self, engine: SimEngine, now: float) -> None:
         return None
 
-    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
-             end_s: float) -> None:
+    def step(
+        self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests, end_s: float
+    ) -> None:
         return None
 
     def idle(self, engine: SimEngine, now: float) -> None:
@@ -145,16 +147,23 @@ class StoreSink:
         self._last_at.pop(engine.worker_id, None)
         self._endpoint.pop(engine.worker_id, None)
 
-    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
-             end_s: float) -> None:
+    def step(
+        self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests, end_s: float
+    ) -> None:
         wid = engine.worker_id
         counter = self._counter.get(wid)
         if counter is None:
             return
         self._counter[wid] = counter + 1
         self._last_at[wid] = end_s
-        sample = ForwardPassMetrics(worker_id=wid, dp_rank=engine.dp_rank, counter_id=counter,
-                                    wall_time=wall_time_s, scheduled_requests=scheduled, queued_requests=queued)
+        sample = ForwardPassMetrics(
+            worker_id=wid,
+            dp_rank=engine.dp_rank,
+            counter_id=counter,
+            wall_time=wall_time_s,
+            scheduled_requests=scheduled,
+            queued_requests=queued,
+        )
         self.samples += 1
         if self.store.ingest(self._endpoint[wid], sample, end_s, end_s) is not None:
             self.dropped += 1
@@ -190,8 +199,12 @@ class ZmqSink:
         endpoint = f"tcp://{self.host}:{self._next_port if self.base_port else '*'}"
         if self.base_port:
             self._next_port += 1
-        pub = self._cls(worker_id=engine.worker_id, dp_rank=engine.dp_rank, endpoint=endpoint,
-                        heartbeat_interval_s=self.heartbeat_interval_s).start()
+        pub = self._cls(
+            worker_id=engine.worker_id,
+            dp_rank=engine.dp_rank,
+            endpoint=endpoint,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+        ).start()
         self.publishers[engine.worker_id] = pub
         bound = pub.bound_endpoint or endpoint
         return bound.replace("0.0.0.0", self.host)
@@ -201,8 +214,9 @@ class ZmqSink:
         if pub is not None:
             pub.close()
 
-    def step(self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests,
-             end_s: float) -> None:
+    def step(
+        self, engine: SimEngine, wall_time_s: float, scheduled: ScheduledRequests, queued: QueuedRequests, end_s: float
+    ) -> None:
         pub = self.publishers.get(engine.worker_id)
         if pub is not None:
             pub.publish(wall_time_s, scheduled, queued)
@@ -243,8 +257,15 @@ _TRANSFER = 2
 class SimFleet:
     """Replicas per role; see the module docstring. ``on_finish`` receives every finished request."""
 
-    def __init__(self, config: FleetConfig, timer: StepTimer, *, sink: FpmSink | None = None,
-                 on_finish: Callable[[SimRequest], None] | None = None, name: str = "sim") -> None:
+    def __init__(
+        self,
+        config: FleetConfig,
+        timer: StepTimer,
+        *,
+        sink: FpmSink | None = None,
+        on_finish: Callable[[SimRequest], None] | None = None,
+        name: str = "sim",
+    ) -> None:
         self.config = config
         self.timer = timer
         self.sink: FpmSink = sink if sink is not None else NullSink()
@@ -262,6 +283,7 @@ class SimFleet:
         self._gpu_since = 0.0
         self.scale_events: list[ScaleEvent] = []
         self.unroutable = 0
+        self.steps_total = 0
         self.records: dict[str, WorkerRecord] = {}
         self.on_workers_changed: Callable[[], None] | None = None
 
@@ -308,8 +330,10 @@ class SimFleet:
             for rep in starting[:excess]:
                 self._set_state(rep, ReplicaState.GONE, now)
             excess -= min(excess, len(starting))
-            ready = sorted((r for r in live if r.state is ReplicaState.READY),
-                           key=lambda r: (r.engine.outstanding_tokens, -r.created_s))
+            ready = sorted(
+                (r for r in live if r.state is ReplicaState.READY),
+                key=lambda r: (r.engine.outstanding_tokens, -r.created_s),
+            )
             for rep in ready[:excess]:
                 self._set_state(rep, ReplicaState.DRAINING, now)
                 if rep.engine.idle and not rep.engine.busy:
@@ -406,11 +430,16 @@ class SimFleet:
             self.records = {
                 **self.records,
                 rep.engine.worker_id: WorkerRecord(
-                    worker_id=rep.engine.worker_id, role=rep.role, service=self.service_name(rep.role),
+                    worker_id=rep.engine.worker_id,
+                    role=rep.role,
+                    service=self.service_name(rep.role),
                     fpm_endpoints=(rep.endpoint,),
-                    capacity=EngineCapacity(max_num_batched_tokens=cap.max_num_batched_tokens,
-                                            max_num_seqs=cap.max_num_seqs, max_model_len=cap.max_model_len,
-                                            kv_capacity_tokens=cap.kv_capacity_tokens),
+                    capacity=EngineCapacity(
+                        max_num_batched_tokens=cap.max_num_batched_tokens,
+                        max_num_seqs=cap.max_num_seqs,
+                        max_model_len=cap.max_model_len,
+                        kv_capacity_tokens=cap.kv_capacity_tokens,
+                    ),
                 ),
             }
             if self.on_workers_changed is not None:
@@ -456,6 +485,7 @@ class SimFleet:
     def _kick(self, rep: Replica, now: float) -> None:
         end = rep.engine.begin_step(now)
         if end is not None:
+            self.steps_total += 1
             self._push(end, _STEP, rep)
 
     def _step_done(self, rep: Replica, at: float) -> None:

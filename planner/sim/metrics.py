@@ -97,9 +97,18 @@ def count_flaps(events: Iterable[ScaleEvent], window_s: float = FLAP_WINDOW_S) -
     return flaps
 
 
-def summarize(outcomes: Outcomes, sla: SlaConfig, *, gpu_hours: float, events: Sequence[ScaleEvent],
-              timeline: Sequence[TimelinePoint], replay_wall_s: float, oracle_gpu_hours: float | None = None,
-              scale_actions: int | None = None, notes: tuple[str, ...] = ()) -> PolicySummary:
+def summarize(
+    outcomes: Outcomes,
+    sla: SlaConfig,
+    *,
+    gpu_hours: float,
+    events: Sequence[ScaleEvent],
+    timeline: Sequence[TimelinePoint],
+    replay_wall_s: float,
+    oracle_gpu_hours: float | None = None,
+    scale_actions: int | None = None,
+    notes: tuple[str, ...] = (),
+) -> PolicySummary:
     feasible = outcomes.feasible
     met = outcomes.met(sla) & feasible
     n_feasible = int(feasible.sum())

@@ -86,8 +86,16 @@ class FixedPolicy:
 class HpaQueuePolicy:
     """See module docstring. ``target_queue_per_replica``: waiting requests per replica HPA aims for."""
 
-    def __init__(self, *, target_queue_per_replica: float = 5.0, tick_s: float = 15.0, tolerance: float = 0.1,
-                 min_replicas: int = 1, max_replicas: int = 64, down_stabilization_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        target_queue_per_replica: float = 5.0,
+        tick_s: float = 15.0,
+        tolerance: float = 0.1,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+        down_stabilization_s: float = 300.0,
+    ) -> None:
         self.name = "hpa"
         self.tick_s = tick_s
         self.target = target_queue_per_replica
@@ -138,8 +146,16 @@ class HpaQueuePolicy:
 class DynamoRulesPolicy:
     """See module docstring."""
 
-    def __init__(self, timer: StepTimer, sla: SlaConfig, *, tick_s: float = 5.0, consolidation_frac: float = 0.8,
-                 min_replicas: int = 1, max_replicas: int = 64) -> None:
+    def __init__(
+        self,
+        timer: StepTimer,
+        sla: SlaConfig,
+        *,
+        tick_s: float = 5.0,
+        consolidation_frac: float = 0.8,
+        min_replicas: int = 1,
+        max_replicas: int = 64,
+    ) -> None:
         self.name = "dynamo"
         self.tick_s = tick_s
         self.timer = timer
@@ -154,8 +170,9 @@ class DynamoRulesPolicy:
     def attach(self, fleet: SimFleet) -> None:
         return None
 
-    def _estimates_ms(self, fleet: SimFleet, engine_load: tuple[float, float, float], isl: float,
-                      scale: float) -> tuple[float, float]:
+    def _estimates_ms(
+        self, fleet: SimFleet, engine_load: tuple[float, float, float], isl: float, scale: float
+    ) -> tuple[float, float]:
         queued, n_dec, kv_dec = engine_load
         chunk = fleet.config.engine.max_num_batched_tokens
         n = int(n_dec * scale)
@@ -190,8 +207,9 @@ class DynamoRulesPolicy:
             scale = len(reps) / (len(reps) - 1)
             limit_t = self.sla.ttft_ms * self.consolidation_frac
             limit_i = self.sla.itl_ms * self.consolidation_frac
-            if all(t < limit_t and i < limit_i for t, i in
-                   (self._estimates_ms(fleet, load, isl, scale) for load in loads)):
+            if all(
+                t < limit_t and i < limit_i for t, i in (self._estimates_ms(fleet, load, isl, scale) for load in loads)
+            ):
                 fleet.scale(role, current - 1, now)
 
 
@@ -199,8 +217,15 @@ class OursPolicy:
     """The planner's decision core on real FPM (see module docstring). ``pass_traffic`` hands the router's
     request rate / ISL / OSL to the core as :class:`~planner.core.Traffic` (what a gateway reports)."""
 
-    def __init__(self, config: CoreConfig, *, tick_s: float = 5.0, ttl_s: float = 10.0,
-                 predictors: Mapping[Role, PerfPredictor] | None = None, pass_traffic: bool = True) -> None:
+    def __init__(
+        self,
+        config: CoreConfig,
+        *,
+        tick_s: float = 5.0,
+        ttl_s: float = 10.0,
+        predictors: Mapping[Role, PerfPredictor] | None = None,
+        pass_traffic: bool = True,
+    ) -> None:
         self.name = "ours"
         self.tick_s = tick_s
         self.config = config
@@ -231,13 +256,18 @@ class OursPolicy:
         for role in fleet.config.roles:
             service = fleet.service_name(role)
             counts = fleet.counts(role)
-            deployments[service] = DeploymentStatus(service=service, desired=fleet.desired(role),
-                                                    ready=counts[ReplicaState.READY])
+            deployments[service] = DeploymentStatus(
+                service=service, desired=fleet.desired(role), ready=counts[ReplicaState.READY]
+            )
             if self.pass_traffic:
-                traffic_by_role[role] = Traffic(request_rate_per_s=traffic.request_rate_per_s,
-                                                isl_tokens=traffic.isl_tokens, osl_tokens=traffic.osl_tokens)
-        return Observation(workers=fleet.workers(), fleet=self.store.snapshot(now), deployments=deployments,
-                           traffic=traffic_by_role)
+                traffic_by_role[role] = Traffic(
+                    request_rate_per_s=traffic.request_rate_per_s,
+                    isl_tokens=traffic.isl_tokens,
+                    osl_tokens=traffic.osl_tokens,
+                )
+        return Observation(
+            workers=fleet.workers(), fleet=self.store.snapshot(now), deployments=deployments, traffic=traffic_by_role
+        )
 
     def tick(self, fleet: SimFleet, now: float, traffic: TickTraffic) -> None:
         obs = self.observe(fleet, now, traffic)

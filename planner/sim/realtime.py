@@ -38,9 +38,17 @@ __all__ = ["RealtimeReplay", "SimFleetActuator"]
 class RealtimeReplay:
     """Replays ``trace`` against ``fleet`` at ``speed`` x wall time; loops the trace when ``loop``."""
 
-    def __init__(self, fleet: SimFleet, trace: Trace, *, speed: float = 1.0, initial_replicas: int = 1,
-                 loop: bool = True, interval_s: float = 0.02,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        fleet: SimFleet,
+        trace: Trace,
+        *,
+        speed: float = 1.0,
+        initial_replicas: int = 1,
+        loop: bool = True,
+        interval_s: float = 0.02,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not speed > 0 or not interval_s > 0:
             raise ConfigError("realtime replay needs speed > 0 and interval_s > 0")
         self.fleet = fleet
@@ -88,8 +96,9 @@ class RealtimeReplay:
                 if at > sim_now:
                     break
                 i = self._next
-                self.fleet.submit(SimRequest(self._rid, at, int(trace.isl[i]), int(trace.osl[i]),
-                                             trace.hash_ids[i]), at)
+                self.fleet.submit(
+                    SimRequest(self._rid, at, int(trace.isl[i]), int(trace.osl[i]), trace.hash_ids[i]), at
+                )
                 self._rid += 1
                 self._next += 1
                 submitted += 1
@@ -145,25 +154,46 @@ class SimFleetActuator:
                 counts = fleet.counts(role)
                 ready = counts[ReplicaState.READY]
                 name = fleet.service_name(role)
-                out[name] = ServiceStatus(service=name, desired=fleet.desired(role), ready=ready, available=ready,
-                                          updated=ready + counts[ReplicaState.STARTING],
-                                          state="successful" if ready == fleet.desired(role) else "pending",
-                                          ready_state=ready == fleet.desired(role))
+                out[name] = ServiceStatus(
+                    service=name,
+                    desired=fleet.desired(role),
+                    ready=ready,
+                    available=ready,
+                    updated=ready + counts[ReplicaState.STARTING],
+                    state="successful" if ready == fleet.desired(role) else "pending",
+                    ready_state=ready == fleet.desired(role),
+                )
             return out
 
     def scale(self, request: ScaleRequest) -> ScaleOutcome:
         role = self._role(request.service)
         fleet = self.replay.fleet
         if not 0 <= request.replicas <= self.max_replicas:
-            return ScaleOutcome(service=request.service, requested=request.replicas, applied=False,
-                                kind=OutcomeKind.OUT_OF_BOUNDS,
-                                message=f"{request.replicas} is outside [0, {self.max_replicas}]")
+            return ScaleOutcome(
+                service=request.service,
+                requested=request.replicas,
+                applied=False,
+                kind=OutcomeKind.OUT_OF_BOUNDS,
+                message=f"{request.replicas} is outside [0, {self.max_replicas}]",
+            )
         with self.replay.lock:
             previous = fleet.desired(role)
             if previous == request.replicas:
-                return ScaleOutcome(service=request.service, requested=request.replicas, applied=False,
-                                    kind=OutcomeKind.UNCHANGED, previous=previous, target=f"sim/{request.service}")
+                return ScaleOutcome(
+                    service=request.service,
+                    requested=request.replicas,
+                    applied=False,
+                    kind=OutcomeKind.UNCHANGED,
+                    previous=previous,
+                    target=f"sim/{request.service}",
+                )
             fleet.scale(role, request.replicas, max(fleet.now, self.replay.sim_now()))
-        return ScaleOutcome(service=request.service, requested=request.replicas, applied=True,
-                            kind=OutcomeKind.APPLIED, previous=previous, attempts=1,
-                            target=f"sim/{request.service}")
+        return ScaleOutcome(
+            service=request.service,
+            requested=request.replicas,
+            applied=True,
+            kind=OutcomeKind.APPLIED,
+            previous=previous,
+            attempts=1,
+            target=f"sim/{request.service}",
+        )

@@ -28,15 +28,30 @@ from planner.sim.policies import FixedPolicy, Policy, TickTraffic
 from planner.sim.timing import StepTimer
 from planner.sim.traces import Trace
 
-__all__ = ["OracleResult", "RunResult", "feasible_mask", "find_fixed_peak", "isolated_ttft_s", "run_oracle",
-           "run_policy"]
+__all__ = [
+    "OracleResult",
+    "RunResult",
+    "feasible_mask",
+    "find_fixed_peak",
+    "isolated_ttft_s",
+    "run_oracle",
+    "run_policy",
+]
 
 Progress = Callable[[str, float], None]  # (label, fraction done)
 
 
 class RunResult:
-    def __init__(self, name: str, outcomes: Outcomes, gpu_hours: float, fleet: SimFleet,
-                 timeline: list[TimelinePoint], wall_s: float, aborted: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        outcomes: Outcomes,
+        gpu_hours: float,
+        fleet: SimFleet,
+        timeline: list[TimelinePoint],
+        wall_s: float,
+        aborted: bool,
+    ) -> None:
         self.name = name
         self.outcomes = outcomes
         self.gpu_hours = gpu_hours
@@ -102,10 +117,21 @@ def _collect(outcomes: Outcomes, sla: SlaConfig) -> tuple[Callable[[SimRequest],
     return on_finish, misses
 
 
-def run_policy(trace: Trace, policy: Policy, *, fleet_config: FleetConfig, timer: StepTimer, sla: SlaConfig,
-               feasible: np.ndarray, initial_replicas: int, drain_s: float = 900.0,
-               max_misses: int | None = None, progress: Progress | None = None,
-               indices: tuple[int, int] | None = None, name: str | None = None) -> RunResult:
+def run_policy(
+    trace: Trace,
+    policy: Policy,
+    *,
+    fleet_config: FleetConfig,
+    timer: StepTimer,
+    sla: SlaConfig,
+    feasible: np.ndarray,
+    initial_replicas: int,
+    drain_s: float = 900.0,
+    max_misses: int | None = None,
+    progress: Progress | None = None,
+    indices: tuple[int, int] | None = None,
+    name: str | None = None,
+) -> RunResult:
     """Replay ``trace`` (or the slice ``indices``) under ``policy``; every role starts with
     ``initial_replicas`` ready replicas. With ``max_misses`` the run stops (``aborted``) once more feasible
     requests than that have missed the SLA."""
@@ -148,8 +174,16 @@ def run_policy(trace: Trace, policy: Policy, *, fleet_config: FleetConfig, timer
         ready = 0
         for role in fleet_config.roles:
             ready += fleet.counts(role)[ReplicaState.READY]
-        timeline.append(TimelinePoint(at_s=now, replicas=fleet.total_replicas(), ready=ready,
-                                      arrivals_per_s=traffic.request_rate_per_s, ttft_p99_ms=None, itl_p99_ms=None))
+        timeline.append(
+            TimelinePoint(
+                at_s=now,
+                replicas=fleet.total_replicas(),
+                ready=ready,
+                arrivals_per_s=traffic.request_rate_per_s,
+                ttft_p99_ms=None,
+                itl_p99_ms=None,
+            )
+        )
         tick_arrivals = tick_isl = tick_osl = 0
 
     for k, at in enumerate(arrival_list):
@@ -185,8 +219,9 @@ def run_policy(trace: Trace, policy: Policy, *, fleet_config: FleetConfig, timer
     return RunResult(label, outcomes, gpu_hours, fleet, timeline, time.perf_counter() - started, aborted)
 
 
-def _fill_latency_timeline(timeline: list[TimelinePoint], outcomes: Outcomes, arrival: np.ndarray,
-                           tick_s: float) -> None:
+def _fill_latency_timeline(
+    timeline: list[TimelinePoint], outcomes: Outcomes, arrival: np.ndarray, tick_s: float
+) -> None:
     """p99 TTFT / ITL of the requests that arrived during each tick."""
     if not timeline:
         return
@@ -205,15 +240,23 @@ def _fill_latency_timeline(timeline: list[TimelinePoint], outcomes: Outcomes, ar
         )
 
 
-def run_oracle(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla: SlaConfig,
-               feasible: np.ndarray, window_s: float = 60.0, max_replicas: int = 256,
-               progress: Progress | None = None) -> tuple[OracleResult, Outcomes]:
+def run_oracle(
+    trace: Trace,
+    *,
+    fleet_config: FleetConfig,
+    timer: StepTimer,
+    sla: SlaConfig,
+    feasible: np.ndarray,
+    window_s: float = 60.0,
+    max_replicas: int = 256,
+    progress: Progress | None = None,
+) -> tuple[OracleResult, Outcomes]:
     """Hindsight oracle (see module docstring). Each window is searched from the previous window's count:
     down while the target is still met, up until it is."""
     started = time.perf_counter()
     outcomes = Outcomes(len(trace), feasible)
     edges = np.arange(0.0, trace.duration_s + window_s, window_s)
-    bounds = np.searchsorted(trace.arrival_s, edges, side="left").tolist() + [len(trace)]
+    bounds = [*np.searchsorted(trace.arrival_s, edges, side="left").tolist(), len(trace)]
     per_window: list[int] = []
     guess = 1
     roles = len(fleet_config.roles)
@@ -222,9 +265,19 @@ def run_oracle(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla
     def attempt(lo: int, hi: int, n: int) -> tuple[bool, RunResult]:
         count = int(feasible[lo:hi].sum())
         allowed = math.floor(count * (1.0 - sla.attainment_target) + 1e-9)
-        res = run_policy(trace, FixedPolicy(n, tick_s=window_s), fleet_config=fleet_config, timer=timer, sla=sla,
-                         feasible=feasible, initial_replicas=n, max_misses=allowed, indices=(lo, hi),
-                         name="oracle", drain_s=3600.0)
+        res = run_policy(
+            trace,
+            FixedPolicy(n, tick_s=window_s),
+            fleet_config=fleet_config,
+            timer=timer,
+            sla=sla,
+            feasible=feasible,
+            initial_replicas=n,
+            max_misses=allowed,
+            indices=(lo, hi),
+            name="oracle",
+            drain_s=3600.0,
+        )
         if res.aborted:
             return False, res
         met = res.outcomes.met(sla)[lo:hi] & feasible[lo:hi]
@@ -238,8 +291,7 @@ def run_oracle(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla
             per_window.append(1)
             continue
         n = max(1, guess)
-        ok, res = attempt(lo, hi, n)
-        best: RunResult | None = res if ok else None
+        ok, best = attempt(lo, hi, n)
         if ok:
             while n > 1:
                 ok_down, res_down = attempt(lo, hi, n - 1)
@@ -248,14 +300,9 @@ def run_oracle(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla
                 n -= 1
                 best = res_down
         else:
-            while n < max_replicas:
+            while n < max_replicas and not ok:
                 n += 1
-                ok_up, res_up = attempt(lo, hi, n)
-                if ok_up:
-                    best = res_up
-                    break
-            if best is None:
-                best = res_up
+                ok, best = attempt(lo, hi, n)
         per_window.append(n)
         guess = n
         sl = slice(lo, hi)
@@ -267,22 +314,41 @@ def run_oracle(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla
     gpu_hours = sum(per_window) * window_s * gpus / 3600.0
     if progress is not None:
         progress("oracle", 1.0)
-    return (OracleResult(window_s=window_s, replicas=per_window, gpu_hours=gpu_hours,
-                         wall_s=time.perf_counter() - started), outcomes)
+    return (
+        OracleResult(window_s=window_s, replicas=per_window, gpu_hours=gpu_hours, wall_s=time.perf_counter() - started),
+        outcomes,
+    )
 
 
-def find_fixed_peak(trace: Trace, *, fleet_config: FleetConfig, timer: StepTimer, sla: SlaConfig,
-                    feasible: np.ndarray, start: int, max_replicas: int = 256,
-                    progress: Progress | None = None) -> tuple[int, RunResult]:
+def find_fixed_peak(
+    trace: Trace,
+    *,
+    fleet_config: FleetConfig,
+    timer: StepTimer,
+    sla: SlaConfig,
+    feasible: np.ndarray,
+    start: int,
+    max_replicas: int = 256,
+    progress: Progress | None = None,
+) -> tuple[int, RunResult]:
     """Smallest constant replica count meeting the attainment target over the whole trace, searched from
     ``start`` (down while met, up until met)."""
     count = int(feasible.sum())
     allowed = math.floor(count * (1.0 - sla.attainment_target) + 1e-9)
 
     def attempt(n: int) -> tuple[bool, RunResult]:
-        res = run_policy(trace, FixedPolicy(n), fleet_config=fleet_config, timer=timer, sla=sla,
-                         feasible=feasible, initial_replicas=n, max_misses=allowed, progress=progress,
-                         name="fixed")
+        res = run_policy(
+            trace,
+            FixedPolicy(n),
+            fleet_config=fleet_config,
+            timer=timer,
+            sla=sla,
+            feasible=feasible,
+            initial_replicas=n,
+            max_misses=allowed,
+            progress=progress,
+            name="fixed",
+        )
         if res.aborted:
             return False, res
         return int((res.outcomes.met(sla) & feasible).sum()) >= count - allowed, res

@@ -25,7 +25,7 @@ from planner.sim.engine import EngineConfig
 from planner.sim.fleet import FleetConfig, RouterKind, StartupMode
 from planner.sim.metrics import SlaConfig
 from planner.sim.predictors import profile_predictors
-from planner.sim.timing import DEFAULT_PROFILE_DIR, default_timer
+from planner.sim.timing import DEFAULT_PROFILE_DIR, default_timer, ttft_overhead_s
 from planner.sim.traces import compress_time, load_trace, scale_rate
 
 __all__ = ["add_arguments", "run"]
@@ -34,8 +34,12 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="Azure 2023 CSV or Mooncake JSONL trace")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate (same duration)")
-    parser.add_argument("--shift-s", type=float, default=60.0,
-                        help="rate scaling: copies of the trace shifted by up to +/- shift_s/2 (0 = bursts aligned)")
+    parser.add_argument(
+        "--shift-s",
+        type=float,
+        default=60.0,
+        help="rate scaling: copies of the trace shifted by up to +/- shift_s/2 (0 = bursts aligned)",
+    )
     parser.add_argument("--time-scale", type=float, default=1.0, help="replay this many times faster")
     parser.add_argument("--duration-s", type=float, default=None, help="replay only the first N seconds")
     parser.add_argument("--policy", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
@@ -77,23 +81,37 @@ class _Bar:
             return
         self._last = now
         filled = int(frac * 30)
-        sys.stderr.write(f"\r{label:>7} [{'#' * filled}{'.' * (30 - filled)}] {frac * 100:5.1f}% "
-                         f"{now - self.started:6.1f}s")
+        sys.stderr.write(
+            f"\r{label:>7} [{'#' * filled}{'.' * (30 - filled)}] {frac * 100:5.1f}% {now - self.started:6.1f}s"
+        )
         if frac >= 1.0:
             sys.stderr.write("\n")
         sys.stderr.flush()
 
 
-def settings_from_args(args: argparse.Namespace, ttft_overhead_s: float) -> CompareSettings:
-    engine = EngineConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                          prefix_cache=not args.no_prefix_cache, ttft_overhead_s=ttft_overhead_s)
-    fleet = FleetConfig(engine=engine, cold_start_s=args.cold_start_s, restore_start_s=args.restore_start_s,
-                        startup_mode=StartupMode(args.startup_mode), router=RouterKind(args.router))
+def settings_from_args(args: argparse.Namespace, overhead_s: float) -> CompareSettings:
+    engine = EngineConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        prefix_cache=not args.no_prefix_cache,
+        ttft_overhead_s=overhead_s,
+    )
+    fleet = FleetConfig(
+        engine=engine,
+        cold_start_s=args.cold_start_s,
+        restore_start_s=args.restore_start_s,
+        startup_mode=StartupMode(args.startup_mode),
+        router=RouterKind(args.router),
+    )
     return CompareSettings(
         sla=SlaConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, attainment_target=args.attainment),
-        fleet=fleet, tick_s=args.tick_s, oracle_window_s=args.oracle_window_s,
-        hpa_target_queue_per_replica=args.hpa_target_queue, max_replicas=args.max_replicas,
-        core_config_path=args.core_config, pass_traffic=not args.no_traffic,
+        fleet=fleet,
+        tick_s=args.tick_s,
+        oracle_window_s=args.oracle_window_s,
+        hpa_target_queue_per_replica=args.hpa_target_queue,
+        max_replicas=args.max_replicas,
+        core_config_path=args.core_config,
+        pass_traffic=not args.no_traffic,
     )
 
 
@@ -101,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         timer = default_timer(args.profile)
-        overhead_s = float(getattr(timer, "ttft_overhead_s", 0.0) or 0.0)
+        overhead_s = ttft_overhead_s(timer)
         settings = settings_from_args(args, overhead_s)
         trace = load_trace(args.trace)
         if args.time_scale != 1.0:
@@ -111,11 +129,13 @@ def run(args: argparse.Namespace) -> int:
             n = int(np.searchsorted(trace.arrival_s, args.duration_s, side="right"))
             if n == 0:
                 raise ConfigError(f"no requests in the first {args.duration_s} s")
-            trace = msgspec.structs.replace(trace, arrival_s=trace.arrival_s[:n], isl=trace.isl[:n],
-                                            osl=trace.osl[:n], hash_ids=trace.hash_ids[:n])
+            trace = msgspec.structs.replace(
+                trace, arrival_s=trace.arrival_s[:n], isl=trace.isl[:n], osl=trace.osl[:n], hash_ids=trace.hash_ids[:n]
+            )
         predictors = None if args.no_perf_model else profile_predictors(args.profile, settings)
-        doc = compare(trace, policies, settings=settings, timer=timer, predictors=predictors,
-                      progress=_Bar(not args.quiet))
+        doc = compare(
+            trace, policies, settings=settings, timer=timer, predictors=predictors, progress=_Bar(not args.quiet)
+        )
     except PlannerError as exc:
         print(f"fpm-planner replay: {exc}", file=sys.stderr)
         return 2
@@ -123,10 +143,12 @@ def run(args: argparse.Namespace) -> int:
     doc["timer"] = type(timer).__name__
     for name, p in doc["policies"].items():
         ratio = p["gpu_hours_vs_oracle"]
-        print(f"{name:>7}: attainment {p['sla_attainment'] * 100:6.2f}%  gpu_hours {p['gpu_hours']:7.2f}"
-              f"  vs_oracle {'-' if ratio is None else f'{ratio:.3f}'}  actions {p['scale_actions']:4d}"
-              f"  flaps {p['flaps']:3d}  ttft_p99 {p['ttft_p99_ms'] or 0:8.1f} ms  itl_p99 {p['itl_p99_ms'] or 0:6.1f} ms"
-              f"  wall {p['replay_wall_s']:6.1f}s")
+        print(
+            f"{name:>7}: attainment {p['sla_attainment'] * 100:6.2f}%  gpu_hours {p['gpu_hours']:7.2f}"
+            f"  vs_oracle {'-' if ratio is None else f'{ratio:.3f}'}  actions {p['scale_actions']:4d}"
+            f"  flaps {p['flaps']:3d}  ttft_p99 {p['ttft_p99_ms'] or 0:8.1f} ms  itl_p99 {p['itl_p99_ms'] or 0:6.1f} ms"
+            f"  wall {p['replay_wall_s']:6.1f}s"
+        )
     if doc["goals"]:
         print("goals: " + json.dumps(doc["goals"]))
     if args.json_out:

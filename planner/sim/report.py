@@ -21,9 +21,17 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 Series = Sequence[tuple[float, float | None]]
 
 
-def line_chart_svg(title: str, series: Mapping[str, Series], *, y_label: str = "", width: int = 900,
-                   height: int = 260, step: bool = False, log_y: bool = False,
-                   hline: float | None = None) -> str:
+def line_chart_svg(
+    title: str,
+    series: Mapping[str, Series],
+    *,
+    y_label: str = "",
+    width: int = 900,
+    height: int = 260,
+    step: bool = False,
+    log_y: bool = False,
+    hline: float | None = None,
+) -> str:
     """A small SVG line chart; ``None`` values break the line."""
     pad_l, pad_r, pad_t, pad_b = 60, 150, 28, 34
     pts = [(x, y) for s in series.values() for x, y in s if y is not None and math.isfinite(y)]
@@ -51,9 +59,12 @@ def line_chart_svg(title: str, series: Mapping[str, Series], *, y_label: str = "
     def py(y: float) -> float:
         return pad_t + h - (ty(y) - y0) / (y1 - y0) * h
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-           f'font-size="11">', f'<text x="{pad_l}" y="16" font-size="13">{html.escape(title)}</text>',
-           f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="none" stroke="#999"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        f'font-size="11">',
+        f'<text x="{pad_l}" y="16" font-size="13">{html.escape(title)}</text>',
+        f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="none" stroke="#999"/>',
+    ]
     for k in range(5):
         yv = y0 + (y1 - y0) * k / 4
         label = 10**yv if log_y else yv
@@ -63,11 +74,15 @@ def line_chart_svg(title: str, series: Mapping[str, Series], *, y_label: str = "
     for k in range(6):
         xv = x0 + (x1 - x0) * k / 5
         out.append(f'<text x="{px(xv):.1f}" y="{pad_t + h + 14}" text-anchor="middle">{xv / 60:.0f} min</text>')
-    out.append(f'<text x="12" y="{pad_t + h / 2}" transform="rotate(-90 12 {pad_t + h / 2})" '
-               f'text-anchor="middle">{html.escape(y_label)}</text>')
+    out.append(
+        f'<text x="12" y="{pad_t + h / 2}" transform="rotate(-90 12 {pad_t + h / 2})" '
+        f'text-anchor="middle">{html.escape(y_label)}</text>'
+    )
     if hline is not None:
-        out.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{py(hline):.1f}" y2="{py(hline):.1f}" '
-                   'stroke="#000" stroke-dasharray="4 3"/>')
+        out.append(
+            f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{py(hline):.1f}" y2="{py(hline):.1f}" '
+            'stroke="#000" stroke-dasharray="4 3"/>'
+        )
     for n, (name, s) in enumerate(series.items()):
         color = _COLORS[n % len(_COLORS)]
         segs: list[list[str]] = [[]]
@@ -110,14 +125,30 @@ def write_report(directory: str | Path, result: Mapping[str, Any]) -> Path:
     timelines: Mapping[str, Sequence[Sequence[Any]]] = result.get("timelines", {})
     settings = result.get("settings", {})
     sla = settings.get("sla", {})
-    cols = ["sla_attainment", "gpu_hours", "gpu_hours_vs_oracle", "scale_actions", "flaps", "ttft_p50_ms",
-            "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "max_replicas", "mean_replicas"]
+    cols = [
+        "sla_attainment",
+        "gpu_hours",
+        "gpu_hours_vs_oracle",
+        "scale_actions",
+        "flaps",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "max_replicas",
+        "mean_replicas",
+    ]
     rows = "".join(
         "<tr><th>" + html.escape(name) + "</th>" + "".join(f"<td>{_fmt(p.get(c))}</td>" for c in cols) + "</tr>"
         for name, p in policies.items()
     )
-    table = "<table border=1 cellspacing=0 cellpadding=3><tr><th>policy</th>" + "".join(
-        f"<th>{c}</th>" for c in cols) + "</tr>" + rows + "</table>"
+    table = (
+        "<table border=1 cellspacing=0 cellpadding=3><tr><th>policy</th>"
+        + "".join(f"<th>{c}</th>" for c in cols)
+        + "</tr>"
+        + rows
+        + "</table>"
+    )
     # timeline rows: [at_s, replicas, ready, arrivals_per_s, ttft_p99_ms, itl_p99_ms]
     load = {"requests/s": [(float(r[0]), float(r[3])) for r in next(iter(timelines.values()), [])]}
     replicas = {n: [(float(r[0]), float(r[1])) for r in tl] for n, tl in timelines.items()}
@@ -126,8 +157,13 @@ def write_report(directory: str | Path, result: Mapping[str, Any]) -> Path:
     charts = [
         line_chart_svg("Load (arrivals per second, per tick)", load, y_label="req/s"),
         line_chart_svg("Replicas holding GPUs", replicas, y_label="replicas", step=True),
-        line_chart_svg("p99 TTFT of requests arriving in each tick (log scale)", ttft, y_label="ms", log_y=True,
-                       hline=sla.get("ttft_ms")),
+        line_chart_svg(
+            "p99 TTFT of requests arriving in each tick (log scale)",
+            ttft,
+            y_label="ms",
+            log_y=True,
+            hline=sla.get("ttft_ms"),
+        ),
         line_chart_svg("p99 ITL of requests arriving in each tick", itl, y_label="ms", hline=sla.get("itl_ms")),
     ]
     doc = (

@@ -25,7 +25,7 @@ import numpy as np
 
 from planner.errors import ConfigError
 
-__all__ = ["DEFAULT_PROFILE_DIR", "ProfileFitTimer", "StepTimer", "default_timer"]
+__all__ = ["DEFAULT_PROFILE_DIR", "ProfileFitTimer", "StepTimer", "default_timer", "ttft_overhead_s"]
 
 DEFAULT_PROFILE_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 _DEFAULT_KV_CAPACITY_TOKENS = 945029
@@ -44,8 +44,17 @@ class ProfileFitTimer:
 
     __slots__ = ("a_attn", "a_d", "a_kv", "a_p", "base_s", "kv_capacity_tokens", "ttft_overhead_s")
 
-    def __init__(self, *, base_s: float, a_p: float, a_attn: float, a_d: float, a_kv: float,
-                 ttft_overhead_s: float = 0.0, kv_capacity_tokens: int = _DEFAULT_KV_CAPACITY_TOKENS) -> None:
+    def __init__(
+        self,
+        *,
+        base_s: float,
+        a_p: float,
+        a_attn: float,
+        a_d: float,
+        a_kv: float,
+        ttft_overhead_s: float = 0.0,
+        kv_capacity_tokens: int = _DEFAULT_KV_CAPACITY_TOKENS,
+    ) -> None:
         for name, value in (("base_s", base_s), ("a_p", a_p), ("a_attn", a_attn), ("a_d", a_d), ("a_kv", a_kv)):
             if not value >= 0:
                 raise ConfigError(f"step timer coefficient {name} must be >= 0, got {value}")
@@ -60,8 +69,9 @@ class ProfileFitTimer:
         self.kv_capacity_tokens = kv_capacity_tokens
 
     @classmethod
-    def from_dir(cls, path: str | Path = DEFAULT_PROFILE_DIR, *,
-                 kv_capacity_tokens: int = _DEFAULT_KV_CAPACITY_TOKENS) -> ProfileFitTimer:
+    def from_dir(
+        cls, path: str | Path = DEFAULT_PROFILE_DIR, *, kv_capacity_tokens: int = _DEFAULT_KV_CAPACITY_TOKENS
+    ) -> ProfileFitTimer:
         root = Path(path)
         try:
             prefill = _read_csv(root / "prefill.csv", ("isl_tokens", "ttft_ms"))
@@ -78,8 +88,15 @@ class ProfileFitTimer:
         xd = np.column_stack([np.ones(int(keep.sum())), batch[keep], kv[keep]])
         cd = _nnls(xd, decode[keep, 2] / 1000.0)
         base = float(cd[0])
-        return cls(base_s=base, a_p=float(cp[1]), a_attn=float(cp[2]), a_d=float(cd[1]), a_kv=float(cd[2]),
-                   ttft_overhead_s=float(cp[0]) - base, kv_capacity_tokens=kv_capacity_tokens)
+        return cls(
+            base_s=base,
+            a_p=float(cp[1]),
+            a_attn=float(cp[2]),
+            a_d=float(cd[1]),
+            a_kv=float(cd[2]),
+            ttft_overhead_s=float(cp[0]) - base,
+            kv_capacity_tokens=kv_capacity_tokens,
+        )
 
     def step_time_s(
         self, prefill_tokens: int, prefill_kv_tokens: int, decode_requests: int, decode_kv_tokens: int
@@ -118,8 +135,19 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def default_timer(profile_dir: str | Path = DEFAULT_PROFILE_DIR) -> StepTimer:
     """perf_model's profile step timer when it is available, else :class:`ProfileFitTimer` on the same profile."""
     try:
-        from perf_model import ProfileStepTimer  # type: ignore[attr-defined]
+        from perf_model import ProfileStepTimer
     except ImportError:
         return ProfileFitTimer.from_dir(profile_dir)
     timer: StepTimer = ProfileStepTimer.from_dir(profile_dir)
     return timer
+
+
+def ttft_overhead_s(timer: StepTimer) -> float:
+    """Request-path time in a measured TTFT that is in no engine step, when the timer knows it (seconds)."""
+    seconds = getattr(timer, "ttft_overhead_s", None)
+    if isinstance(seconds, int | float):
+        return max(0.0, float(seconds))
+    ms = getattr(timer, "ttft_overhead_ms", None)
+    if isinstance(ms, int | float):
+        return max(0.0, float(ms) / 1000.0)
+    return 0.0

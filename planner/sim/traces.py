@@ -18,8 +18,15 @@ import numpy as np
 
 from planner.errors import ConfigError
 
-__all__ = ["Trace", "compress_time", "load_trace", "read_azure_csv", "read_mooncake_jsonl", "scale_rate",
-           "synthetic_trace"]
+__all__ = [
+    "Trace",
+    "compress_time",
+    "load_trace",
+    "read_azure_csv",
+    "read_mooncake_jsonl",
+    "scale_rate",
+    "synthetic_trace",
+]
 
 
 class Trace(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,15 +46,27 @@ class Trace(msgspec.Struct, frozen=True, kw_only=True):
         return float(self.arrival_s[-1]) if len(self) else 0.0
 
 
-def _make(name: str, arrival: list[float], isl: list[int], osl: list[int],
-          hashes: list[tuple[int, ...] | None], *, rebase: bool = True) -> Trace:
+def _make(
+    name: str,
+    arrival: list[float],
+    isl: list[int],
+    osl: list[int],
+    hashes: list[tuple[int, ...] | None],
+    *,
+    rebase: bool = True,
+) -> Trace:
     if not arrival:
         raise ConfigError(f"trace {name}: no requests")
     a = np.asarray(arrival, dtype=float)
     order = np.argsort(a, kind="stable")
     a = a[order] - (a[order[0]] if rebase else 0.0)
-    return Trace(name=name, arrival_s=a, isl=np.asarray(isl, dtype=np.int64)[order],
-                 osl=np.asarray(osl, dtype=np.int64)[order], hash_ids=tuple(hashes[i] for i in order))
+    return Trace(
+        name=name,
+        arrival_s=a,
+        isl=np.asarray(isl, dtype=np.int64)[order],
+        osl=np.asarray(osl, dtype=np.int64)[order],
+        hash_ids=tuple(hashes[i] for i in order),
+    )
 
 
 def read_azure_csv(path: str | Path) -> Trace:
@@ -177,8 +196,9 @@ def compress_time(trace: Trace, factor: float) -> Trace:
     return msgspec.structs.replace(trace, arrival_s=trace.arrival_s / factor, name=f"{trace.name} /{factor:g}t")
 
 
-def synthetic_trace(*, rate_per_s: list[tuple[float, float]], isl: int, osl: int, seed: int = 0,
-                    name: str = "synthetic") -> Trace:
+def synthetic_trace(
+    *, rate_per_s: list[tuple[float, float]], isl: int, osl: int, seed: int = 0, name: str = "synthetic"
+) -> Trace:
     """Poisson arrivals: ``rate_per_s`` is a list of ``(duration_s, rate)`` phases; fixed ISL and OSL."""
     rng = np.random.default_rng(seed)
     arrivals: list[float] = []
@@ -190,8 +210,10 @@ def synthetic_trace(*, rate_per_s: list[tuple[float, float]], isl: int, osl: int
         start += duration_s
     if not arrivals:
         raise ConfigError("synthetic trace has no requests")
-    return Trace(name=name, arrival_s=np.asarray(arrivals, dtype=float),
-                 isl=np.full(len(arrivals), isl, dtype=np.int64), osl=np.full(len(arrivals), osl, dtype=np.int64),
-                 hash_ids=(None,) * len(arrivals))
-
-
+    return Trace(
+        name=name,
+        arrival_s=np.asarray(arrivals, dtype=float),
+        isl=np.full(len(arrivals), isl, dtype=np.int64),
+        osl=np.full(len(arrivals), osl, dtype=np.int64),
+        hash_ids=(None,) * len(arrivals),
+    )

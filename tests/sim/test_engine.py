@@ -60,8 +60,16 @@ def test_decode_tokens_count_against_the_budget_and_fpm_reports_decode_kv() -> N
     engine.add(SimRequest(0, 0.0, 50, 3))
     engine.add(SimRequest(1, 0.0, 120, 2))
     done = run(engine)
-    rows = [(s.num_prefill_requests, s.sum_prefill_tokens, s.num_decode_requests, s.sum_decode_kv_tokens,
-             s.var_decode_kv_tokens) for _, s, _, _ in samples]
+    rows = [
+        (
+            s.num_prefill_requests,
+            s.sum_prefill_tokens,
+            s.num_decode_requests,
+            s.sum_decode_kv_tokens,
+            s.var_decode_kv_tokens,
+        )
+        for _, s, _, _ in samples
+    ]
     # step 1: r0 50 + r1 50 (budget 100). r0 emits its first token.
     # step 2: r0 decodes (KV 51) and takes 1 token of budget; r1 gets its last 70.
     # step 3: r0 (KV 52) and r1 (KV 121) decode; r0 is then done (3 tokens), r1 too (2 tokens).

@@ -61,7 +61,7 @@ def test_scale_down_drains_the_least_loaded_replica_and_removes_it_when_empty() 
     assert f.submit(SimRequest(1, 0.003, 10, 1), 0.003) is False  # nothing takes new requests
     f.run_until(10.0)
     assert [r.rid for r in done] == [0]
-    assert busy.state is ReplicaState.GONE
+    assert busy.state in (ReplicaState.GONE,)
     assert f.total_replicas() == 0
 
 
@@ -100,8 +100,9 @@ def test_disaggregated_request_prefills_then_decodes_after_the_kv_transfer() -> 
     prefill = f.replicas[Role.PREFILL][0].engine
     decode = f.replicas[Role.DECODE][0].engine
     assert prefill.steps == 1 and decode.steps == 2  # 1 prefill step; 2 decode steps for tokens 2 and 3
-    assert req.ttft_s == pytest.approx(0.010 + 0.0001 * 100)
-    assert req.finish_s is not None and req.finish_s > req.ttft_s + 0.5
+    ttft = req.ttft_s
+    assert ttft == pytest.approx(0.010 + 0.0001 * 100)
+    assert req.finish_s is not None and ttft is not None and req.finish_s > ttft + 0.5
 
 
 def test_store_sink_feeds_real_fpm_with_contiguous_counters_and_heartbeats() -> None:

@@ -38,8 +38,15 @@ def test_attainment_needs_both_targets_and_skips_infeasible_requests() -> None:
     out.ttft_s[:] = [0.5, 3.0, 0.5, 9.0]
     out.itl_s[:] = [0.01, 0.01, 0.09, 0.01]
     out.finish_s[:] = 1.0
-    s = summarize(out, SlaConfig(ttft_ms=2000, itl_ms=50), gpu_hours=2.0, events=[], timeline=[],
-                  replay_wall_s=0.0, oracle_gpu_hours=1.0)
+    s = summarize(
+        out,
+        SlaConfig(ttft_ms=2000, itl_ms=50),
+        gpu_hours=2.0,
+        events=[],
+        timeline=[],
+        replay_wall_s=0.0,
+        oracle_gpu_hours=1.0,
+    )
     assert s.sla_attainment == pytest.approx(1 / 3)
     assert s.feasible_requests == 3
     assert s.gpu_hours_vs_oracle == 2.0

@@ -36,8 +36,22 @@ def test_replay_command_writes_every_policy_and_a_report(tmp_path: Path) -> None
     csv = tmp_path / "trace.csv"
     write_azure(csv, trace.arrival_s, 1000, 10)
     out = tmp_path / "out.json"
-    code = main(["replay", "--trace", str(csv), "--policy", "ours,fixed,hpa,dynamo,oracle", "--json", str(out),
-                 "--report", str(tmp_path / "rep"), "--cold-start-s", "20", "--quiet"])
+    code = main(
+        [
+            "replay",
+            "--trace",
+            str(csv),
+            "--policy",
+            "ours,fixed,hpa,dynamo,oracle",
+            "--json",
+            str(out),
+            "--report",
+            str(tmp_path / "rep"),
+            "--cold-start-s",
+            "20",
+            "--quiet",
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
     assert set(doc["policies"]) == {"ours", "fixed", "hpa", "dynamo", "oracle"}
@@ -66,13 +80,14 @@ def test_ours_scales_out_on_a_load_step_and_back_in_after_it() -> None:
     sla = SlaConfig()
     trace = synthetic_trace(rate_per_s=[(30.0, 5.0), (120.0, 80.0), (180.0, 5.0)], isl=2000, osl=10, seed=5)
     feasible = feasible_mask(trace, timer, fleet_cfg, sla)
-    quick_down = ScaleRules(stabilization_window_s=60.0,
-                            policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),))
-    config = CoreConfig(roles={Role.AGG: RoleConfig(sla=SlaTargets(ttft_ms=2000, itl_ms=50), max_replicas=32,
-                                                    scale_down=quick_down)})
+    quick_down = ScaleRules(
+        stabilization_window_s=60.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
+    )
+    config = CoreConfig(
+        roles={Role.AGG: RoleConfig(sla=SlaTargets(ttft_ms=2000, itl_ms=50), max_replicas=32, scale_down=quick_down)}
+    )
     ours = OursPolicy(config)
-    res = run_policy(trace, ours, fleet_config=fleet_cfg, timer=timer, sla=sla, feasible=feasible,
-                     initial_replicas=1)
+    res = run_policy(trace, ours, fleet_config=fleet_cfg, timer=timer, sla=sla, feasible=feasible, initial_replicas=1)
     replicas = [p.replicas for p in res.timeline]
     assert max(replicas) >= 3  # scaled out for the step (80 req/s of 2000 tokens is several replicas)
     assert replicas[-1] < max(replicas)  # and back in once it passed

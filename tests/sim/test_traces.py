@@ -59,8 +59,9 @@ def test_mooncake_bad_line_and_unknown_format_are_refused(tmp_path: Path) -> Non
 
 def test_scale_rate_multiplies_requests_keeps_duration_and_separates_prefix_ids() -> None:
     base = synthetic_trace(rate_per_s=[(100.0, 5.0)], isl=100, osl=10, seed=1)
-    base = type(base)(name="b", arrival_s=base.arrival_s, isl=base.isl, osl=base.osl,
-                      hash_ids=tuple((i,) for i in range(len(base))))
+    base = type(base)(
+        name="b", arrival_s=base.arrival_s, isl=base.isl, osl=base.osl, hash_ids=tuple((i,) for i in range(len(base)))
+    )
     scaled = scale_rate(base, 3.0, seed=2, shift_s=10.0)
     assert len(scaled) == 3 * len(base)
     assert scaled.duration_s <= base.duration_s * 1.02 + 1.0
