@@ -168,8 +168,10 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     async def healthz() -> Response:
-        if runner.last_tick_error is not None and not runner.running:
-            return _json({"status": "failing", "detail": runner.last_tick_error}, 503)
+        if not runner.running:
+            return _json(
+                {"status": "failing", "detail": runner.last_tick_error or "the planner loops are not running"}, 503
+            )
         return _json({"status": "ok", "detail": ""})
 
     @app.get("/readyz", response_model=Health, tags=["health"])

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
+import zmq
 
 from perf_model.api import PerfPredictor
 from planner.actuators.base import Actuator, OutcomeKind, ScaleOutcome, ScaleRequest, ServiceStatus
@@ -113,7 +114,11 @@ class PlannerRunner:
         self.metrics = PlannerMetrics()
         self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
         self.store = FleetStore(ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size)
-        self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes)
+        # A context of our own: each endpoint costs three ZMQ sockets (SUB, its monitor, the monitor's peer), and
+        # the default limit of 1023 sockets per context would cap the fleet at 341 endpoints.
+        self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._zmq.set(zmq.MAX_SOCKETS, self._zmq.get(zmq.SOCKET_LIMIT))
+        self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes, context=self._zmq)
         self.leases = LeaseRegistry(default_ttl_s=config.discovery.default_ttl_s, max_ttl_s=config.discovery.max_ttl_s)
         self.static: StaticFileDiscovery | None = None
         if config.discovery.static_file is not None:
@@ -124,6 +129,7 @@ class PlannerRunner:
         self.actuator_errors: deque[ActuatorErrorEntry] = deque(maxlen=config.history.max_errors)
         self.started_at = time.monotonic()
         self.ticks = 0
+        self.tick_durations_s: deque[float] = deque(maxlen=1000)
         self.last_tick_at: float | None = None  # monotonic
         self.last_tick_error: str | None = None
         self.status: Mapping[str, ServiceStatus] | None = None
@@ -279,6 +285,7 @@ class PlannerRunner:
                 await task
         self._tasks = []
         await asyncio.to_thread(self.subscriber.close)
+        self._zmq.destroy(linger=0)
         self._running = False
 
     @property
@@ -344,7 +351,9 @@ class PlannerRunner:
             await self._decide_and_act(snapshot, self.status, snapshot.now)
             self.ticks += 1
             self.last_tick_at = now
-            self.metrics.tick_duration_seconds.observe(time.perf_counter() - started)
+            duration_s = time.perf_counter() - started
+            self.tick_durations_s.append(duration_s)
+            self.metrics.tick_duration_seconds.observe(duration_s)
 
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
         not_ready: dict[str, list[str]] = {}
@@ -637,6 +646,7 @@ class PlannerRunner:
             "last_tick_at_s": None if self.last_tick_at is None else self.to_wall(self.last_tick_at),
             "last_tick_error": self.last_tick_error,
             "tick_interval_s": self.config.tick_interval_s,
+            "last_tick_duration_ms": None if not self.tick_durations_s else self.tick_durations_s[-1] * 1000.0,
             "ingest": {
                 "ttl_s": snapshot.ttl_s,
                 "received": self.subscriber.received,
