@@ -114,3 +114,15 @@ def test_samples_under_a_lapsed_id_are_dropped_as_unknown_worker(fast_leases: Se
             lambda: 'fpm_planner_fpm_drops_total{reason="unknown_worker"} 0.0' not in served.http.get("/metrics").text
         )
         assert "fpm_planner_fpm_drops_total" in metrics
+
+
+def test_the_subscriber_follows_more_endpoints_than_one_default_zmq_context_allows(service: Served) -> None:
+    """Each endpoint costs three ZMQ sockets; a default context (1023 sockets) would stop at 341."""
+    workers = 200
+    for i in range(workers):
+        endpoints = [f"tcp://127.0.0.1:{30000 + 2 * i}", f"tcp://127.0.0.1:{30001 + 2 * i}"]
+        service.http.put(f"/v1/workers/many-{i}", json=registration(endpoints), headers=AUTH).raise_for_status()
+    wait_for(lambda: service.http.get("/v1/diagnostics").json()["ingest"]["endpoints_connected"] == 2 * workers)
+    diag = service.http.get("/v1/diagnostics").json()
+    assert diag["ingest"]["loop_errors"] == 0
+    assert service.http.get("/healthz").json()["status"] == "ok"
