@@ -569,6 +569,13 @@ class K8sApiEmulator:
             if method == "PATCH":
                 if "json-patch" in content_type or "apply-patch" in content_type:
                     raise _ApiError(415, "UnsupportedMediaType", f"{content_type} is not supported here")
+                if "strategic-merge-patch" in content_type and t.group not in ("", "apps", "coordination.k8s.io"):
+                    raise _ApiError(
+                        415,
+                        "UnsupportedMediaType",
+                        f"the body of the request was in an unknown format - accepted media types include: "
+                        f"application/json-patch+json, application/merge-patch+json ({t.kind} is a custom resource)",
+                    )
                 current = self._scale_view(t, old) if sub == "scale" else old
                 want_rv = body.get("metadata", {}).get("resourceVersion")
                 body = merge_patch(current, body)
@@ -782,14 +789,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.close_connection = True
         try:
             for event in events:
                 self._chunk(event)
-            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.write(b"0\r\n\r\n")  # a clean end: the connection stays usable (keep-alive)
             self.wfile.flush()
         except (TimeoutError, BrokenPipeError, ConnectionResetError, OSError):
-            return
+            self.close_connection = True
 
     def _chunk(self, event: Obj) -> None:
         data = json.dumps(event).encode() + b"\n"
