@@ -47,7 +47,12 @@ class FpmSubscriber:
         self.loop_errors = 0
         self.received = 0
         self.reconnects = 0
-        self._ctx = context or zmq.Context.instance()
+        # Each endpoint costs three ZMQ sockets (SUB, its monitor, the monitor's peer): a context of our own with the
+        # socket limit raised, or the default of 1023 would cap the fleet at 341 endpoints.
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
+        if self._own_ctx:
+            self._ctx.set(zmq.MAX_SOCKETS, self._ctx.get(zmq.SOCKET_LIMIT))
         self._ctx.setsockopt(zmq.LINGER, 0)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}
@@ -197,6 +202,8 @@ class FpmSubscriber:
             self._thread = None
         for endpoint in list(self._sockets):
             self._close(endpoint)
+        if self._own_ctx:
+            self._ctx.term()
 
     def __enter__(self) -> FpmSubscriber:
         return self.start()

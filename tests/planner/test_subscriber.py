@@ -177,3 +177,14 @@ def test_the_receive_thread_ingests_in_the_background(ctx: zmq.Context[zmq.Socke
             while sub.snapshot(time.monotonic()).ranks[("w", 0)].heartbeats < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert sub.snapshot(time.monotonic()).ranks[("w", 0)].fresh
+
+
+def test_a_subscriber_follows_more_endpoints_than_a_default_context_allows() -> None:
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store)  # its own context; 3 sockets per endpoint would exhaust the default 1023 at 341
+    workers = {f"w{i}": record(f"w{i}", f"ipc:///tmp/fpm-cap-test-{i}") for i in range(400)}
+    try:
+        sub.set_workers(workers)
+        assert len(sub.endpoints) == 400
+    finally:
+        sub.close()
