@@ -50,9 +50,7 @@ class AdvisoryActuator:
         if self._reader is not None:
             return self._reader.status()
         return {
-            s: ServiceStatus(
-                service=s, desired=n, ready=n, available=n, updated=n, message="advisory: fixed count"
-            )
+            s: ServiceStatus(service=s, desired=n, ready=n, available=n, updated=n, message="advisory: fixed count")
             for s, n in self._replicas.items()
         }
 

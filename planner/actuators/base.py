@@ -124,8 +124,7 @@ class ReplicaBounds(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.min_replicas < 0 or self.max_replicas < self.min_replicas:
             raise ValueError(
-                f"replica bounds need 0 <= min_replicas <= max_replicas, got [{self.min_replicas}, "
-                f"{self.max_replicas}]"
+                f"replica bounds need 0 <= min_replicas <= max_replicas, got [{self.min_replicas}, {self.max_replicas}]"
             )
 
     def contains(self, replicas: int) -> bool:

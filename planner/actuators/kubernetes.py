@@ -287,9 +287,7 @@ class KubernetesActuator:
         except CLIENT_ERRORS as exc:
             if http_status(exc) == 404:
                 return None
-            raise map_api_error(
-                exc, verb="get", resource=f"{ADAPTER_PLURAL}/scale", name=t.adapter_name
-            ) from exc
+            raise map_api_error(exc, verb="get", resource=f"{ADAPTER_PLURAL}/scale", name=t.adapter_name) from exc
         return dict(obj) if isinstance(obj, Mapping) else {}
 
     # ------------------------------------------------------------------------------------------------ scale
@@ -327,26 +325,20 @@ class KubernetesActuator:
             try:
                 previous, method = self._attempt(t, request)
             except _Stop as stop:
-                return self._outcome(
-                    request, stop.kind, stop.message, log, previous, where, applied=stop.applied
-                )
+                return self._outcome(request, stop.kind, stop.message, log, previous, where, applied=stop.applied)
             except _CallFailed as failed:
                 err, method, status = failed.error, failed.method, failed.http_status
                 failures += 1
                 last_kind, last_message = outcome_kind(err), str(err)
                 if not isinstance(err, TransientActuatorError):
-                    log.append(
-                        AttemptRecord(method=method, outcome=last_kind, http_status=status, message=str(err))
-                    )
+                    log.append(AttemptRecord(method=method, outcome=last_kind, http_status=status, message=str(err)))
                     return self._outcome(request, last_kind, last_message, log, previous, where)
                 wait = 0.0
                 if isinstance(err, ThrottledError):
                     retry_after = err.retry_after_s
                     if retry_after is not None and retry_after > self.config.max_retry_after_s:
                         log.append(
-                            AttemptRecord(
-                                method=method, outcome=last_kind, http_status=status, message=str(err)
-                            )
+                            AttemptRecord(method=method, outcome=last_kind, http_status=status, message=str(err))
                         )
                         return self._outcome(
                             request,
@@ -458,9 +450,7 @@ class KubernetesActuator:
             metadata=k8s.V1ObjectMeta(name=t.name, namespace=ns, resource_version=rv),
             spec=k8s.V1ScaleSpec(replicas=request.replicas),
         )
-        self._call(
-            method, "update", resource, t.name, lambda: replace(t.name, ns, body, _request_timeout=timeout)
-        )
+        self._call(method, "update", resource, t.name, lambda: replace(t.name, ns, body, _request_timeout=timeout))
         return current, method
 
     def _attempt_dgd(self, t: ScaleTarget, request: ScaleRequest) -> tuple[int, str]:
@@ -478,8 +468,7 @@ class KubernetesActuator:
         if t.service_key not in services:
             raise _Stop(
                 OutcomeKind.NOT_FOUND,
-                f"DynamoGraphDeployment {ns}/{t.name} has no service {t.service_key!r} "
-                f"(services: {sorted(services)})",
+                f"DynamoGraphDeployment {ns}/{t.name} has no service {t.service_key!r} (services: {sorted(services)})",
             )
         scale: Any = None
         if self.config.use_adapter:
