@@ -83,7 +83,7 @@ class SimRequest:
         self.hash_ids = hash_ids
         self.target_prefill = self.isl  # tokens to (re)compute before the next token
         self.done_prefill = 0  # tokens of target_prefill in KV (cached prefix included)
-        self.cached_tokens = 0
+        self.cached_tokens = -1  # prefix-cache hit in tokens; -1 until looked up at admission
         self.generated = 0
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
@@ -246,14 +246,16 @@ class SimEngine:
                 continue
             if budget <= 0:
                 break
-            if req.done_prefill == 0 and cfg.prefix_cache and req.hash_ids:
-                req.cached_tokens = min(self._cache_lookup(req.hash_ids), req.target_prefill - 1)
-                req.done_prefill = req.cached_tokens
-            c = min(req.target_prefill - req.done_prefill, budget)
-            if c + req.done_prefill > free:
-                req.done_prefill = 0
+            cached = 0
+            if cfg.prefix_cache and req.hash_ids:
+                if req.cached_tokens < 0:  # looked up once per admission, not on every blocked step
+                    req.cached_tokens = min(self._cache_lookup(req.hash_ids), req.target_prefill - 1)
+                cached = req.cached_tokens
+            c = min(req.target_prefill - cached, budget)
+            if c + cached > free:
                 break
             self._wait_pop()
+            req.done_prefill = cached
             self.running[req.rid] = req
             self.prefilling.append(req)
             self.kv_prefill_tokens += req.done_prefill
@@ -381,7 +383,7 @@ class SimEngine:
         rid, req = next(reversed(self.running.items()))
         self.preemptions += 1
         req.preemptions += 1
-        if req.rid in self._prefilling_ids():
+        if any(r is req for r in self.prefilling):
             self.prefilling.remove(req)
             self.kv_prefill_tokens -= req.done_prefill
             self.running.pop(rid)
@@ -393,11 +395,8 @@ class SimEngine:
             req.target_prefill = req.isl + generated_now
             req.remote_kv = False
         req.done_prefill = 0
-        req.cached_tokens = 0
+        req.cached_tokens = -1
         self._wait_push(req, front=True)
-
-    def _prefilling_ids(self) -> set[int]:
-        return {r.rid for r in self.prefilling}
 
     def _cache_lookup(self, hash_ids: Sequence[int]) -> int:
         cache = self._cache

@@ -9,7 +9,6 @@ A feasible request that never finished (dropped, or still running when the repla
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -132,7 +131,3 @@ def summarize(
         replay_wall_s=replay_wall_s,
         notes=notes,
     )
-
-
-def finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None

@@ -20,7 +20,6 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from planner.discovery import Role
 from planner.sim.engine import SimRequest
 from planner.sim.fleet import FleetConfig, ReplicaState, SimFleet
 from planner.sim.metrics import Outcomes, SlaConfig, TimelinePoint
@@ -370,7 +369,3 @@ def find_fixed_peak(
         if ok:
             return n, res
     return n, res
-
-
-def role_of(fleet_config: FleetConfig) -> tuple[Role, ...]:
-    return fleet_config.roles
