@@ -224,6 +224,18 @@ class PodDiscovery:
         with self._lock:
             return dict(self._ready)
 
+    def not_ready_workers(self, now: float, service: str | None = None) -> tuple[str, ...]:
+        """Worker ids whose pod is not Ready (optionally of one service), sorted: what
+        ``planner.core.observation.DeploymentStatus.not_ready_workers`` takes."""
+        with self._lock:
+            return tuple(
+                sorted(
+                    wid
+                    for wid, ok in self._ready.items()
+                    if not ok and (service is None or self._workers[wid].service == service)
+                )
+            )
+
     def pods(self) -> Mapping[str, PodState]:
         """Every matching pod by name, with why it is not a worker when it is not."""
         with self._lock:

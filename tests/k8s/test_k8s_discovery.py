@@ -174,6 +174,8 @@ def test_list_then_watch_follows_pods(emulator: K8sApiEmulator, discovery: tuple
     emulator.put(pod("d-1", ip="10.0.0.2", ready=False))
     waiter.until(lambda: "d-1" in disc.workers(0.0))
     assert disc.readiness(0.0) == {"d-0": True, "d-1": False}
+    assert disc.not_ready_workers(0.0) == ("d-1",)
+    assert disc.not_ready_workers(0.0, service="prefill") == ()
     emulator.put(pod("d-1", ip="10.0.0.2", ready=True))
     waiter.until(lambda: disc.readiness(0.0).get("d-1") is True)
     emulator.delete("pods", NS, "d-0")
