@@ -5,7 +5,7 @@ methods to vLLM's ``EngineCore``, callable over vLLM's utility RPC:
 
 - ``set_fpm_worker_id(worker_id)`` changes the id on step samples *and* heartbeats of that rank, and returns
   ``{"dp_rank", "worker_id"}``; it raises when the engine's scheduler is not the shim's;
-- ``fpm_publisher_stats()`` returns that rank's publisher counters (sent, heartbeats, drops).
+- ``fpm_publisher_stats()`` returns that rank's publisher counters (sent, heartbeats, drops) and its pid.
 
 Installing is idempotent, and a method of the same name that vLLM itself defines is left alone.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -80,6 +81,7 @@ def _fpm_publisher_stats(self: Any) -> dict[str, Any]:
         "dp_rank": scheduler.fpm_dp_rank,
         "worker_id": scheduler.fpm_worker_id,
         "endpoint": scheduler.fpm_endpoint,
+        "pid": os.getpid(),
         "sent": stats.sent,
         "heartbeats": stats.heartbeats,
         "dropped_queue_full": stats.dropped_queue_full,
@@ -125,7 +127,7 @@ async def _gather_bounded(
     calls: Mapping[int, Awaitable[Any]], timeout_s: float
 ) -> tuple[dict[int, Any], dict[int, str]]:
     tasks = {rank: asyncio.ensure_future(call) for rank, call in calls.items()}
-    done, pending = await asyncio.wait(tasks.values(), timeout=timeout_s)
+    _, pending = await asyncio.wait(tasks.values(), timeout=timeout_s)
     for task in pending:
         task.cancel()
     results: dict[int, Any] = {}

@@ -125,8 +125,11 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--worker-id", default="", help=f"registered worker id (default: ${ENV_WORKER_ID})")
     group.add_argument("--role", choices=[r.value for r in Role], default=Role.AGG.value)
     group.add_argument("--service", default="", help="service name (default: the served model name)")
-    group.add_argument("--restore", action="store_true",
-                       help="start the engine without an id and push it to every DP rank before registering")
+    group.add_argument(
+        "--restore",
+        action="store_true",
+        help="start the engine without an id and push it to every DP rank before registering",
+    )
     group.add_argument("--sync-timeout-s", type=float, default=30.0)
     group.add_argument("--register-url", default="", help="planner registration API base URL")
     group.add_argument("--register-token-file", default="", help="file holding the API token ($FPM_REGISTER_TOKEN)")
@@ -139,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="fpm-worker", description=__doc__.split("\n\n")[0]))
+    parser = make_arg_parser(FlexibleArgumentParser(prog="fpm-worker", description=__doc__.split("\n\n")[0]))  # type: ignore[no-untyped-call]
     add_launcher_arguments(parser)
     return parser
 
@@ -197,8 +200,11 @@ async def _run(args: argparse.Namespace, settings: LauncherSettings) -> int:
             try:
                 ranks = await sync_worker_id(llm.engine_core, settings.worker_id, settings.sync_timeout_s)
             except (WorkerIdSyncError, ConfigError) as exc:
-                print(f"fpm-worker: identity sync failed, shutting the engine down, not registering: {exc}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"fpm-worker: identity sync failed, shutting the engine down, not registering: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return EXIT_SYNC_FAILED
             log.warning("worker id %r synced on DP ranks %s", settings.worker_id, list(ranks))
         record = WorkerRecord(
@@ -216,8 +222,11 @@ async def _run(args: argparse.Namespace, settings: LauncherSettings) -> int:
             registrar = None
             print(f"fpm-worker: registration failed, shutting the engine down: {exc}", file=sys.stderr, flush=True)
             return EXIT_REGISTER_FAILED
-        print(f"fpm-worker: registered {settings.worker_id} endpoints={list(record.fpm_endpoints)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"fpm-worker: registered {settings.worker_id} endpoints={list(record.fpm_endpoints)}",
+            file=sys.stderr,
+            flush=True,
+        )
         if isinstance(registrar, ApiRegistrar):
             renewal = asyncio.create_task(_renew(registrar, record, settings.lease_ttl_s / 3))
         shutdown = await build_and_serve(llm, listen_address, sock, args)

@@ -60,9 +60,15 @@ class RegistrationServer:
                 except ValueError:
                     body = raw.decode(errors="replace")
                 with owner._lock:
-                    owner.requests.append(RecordedRequest(
-                        method=self.command, path=self.path, authorization=self.headers.get("Authorization", ""),
-                        body=body, at_s=time.monotonic()))
+                    owner.requests.append(
+                        RecordedRequest(
+                            method=self.command,
+                            path=self.path,
+                            authorization=self.headers.get("Authorization", ""),
+                            body=body,
+                            at_s=time.monotonic(),
+                        )
+                    )
                 if owner.fail_status is not None:
                     return self._answer(owner.fail_status, {"detail": "stand-in told to fail"})
                 if self.headers.get("Authorization") != f"Bearer {owner.token}":
@@ -70,7 +76,7 @@ class RegistrationServer:
                 prefix = "/v1/workers/"
                 if not self.path.startswith(prefix) or len(self.path) == len(prefix):
                     return self._answer(404, {"detail": "no such route"})
-                worker_id = urllib.parse.unquote(self.path[len(prefix):])
+                worker_id = urllib.parse.unquote(self.path[len(prefix) :])
                 if self.command == "DELETE":
                     with owner._lock:
                         found = owner.workers.pop(worker_id, None)

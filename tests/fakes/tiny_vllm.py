@@ -9,8 +9,12 @@ disk and the weights are vLLM's ``load_format="dummy"``. Reuse it anywhere a tes
     base = free_port_base(2)
     with TinyEngine(model_dir, dp_size=2, worker_id="w-1", port_base=base) as engine, \
             FpmCollector(engine.endpoints) as fpm:
-        engine.generate([[5] * 40, [7] * 24], max_tokens=8)   # token-id prompts, ignore_eos
-        samples = fpm.wait_for(lambda s: ..., timeout_s=20)  # or fpm.samples(endpoint)
+        fpm.wait_for(lambda c: all(c.samples(e) for e in c.endpoints))  # every rank heard (heartbeats)
+        engine.generate([[5] * 40, [7] * 24], max_tokens=8)  # token-id prompts, greedy, ignore_eos
+        fpm.wait_for(lambda c: c.samples()[-1].is_heartbeat)  # idle again
+        steps = [s for s in fpm.samples(engine.endpoints[0]) if not s.is_heartbeat]
+
+``write_tiny_llama`` lives in :mod:`worker_shim.bench` (the benchmark needs the same model) and is re-exported.
 
 An engine start takes ~13 s with ``dp_size=1`` and ~30 s with ``dp_size=2`` here: share one per module.
 ``TinyEngine`` runs vLLM's ``AsyncLLM`` on an event loop of its own thread, so tests stay synchronous.
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import threading
@@ -33,6 +36,7 @@ from typing import Any, TypeVar
 import zmq
 
 from worker_shim import fpm
+from worker_shim.bench import write_tiny_llama
 from worker_shim.fpm import ForwardPassMetrics
 
 __all__ = [
@@ -49,54 +53,6 @@ T = TypeVar("T")
 
 SHIM_SCHEDULER = "worker_shim.InstrumentedScheduler"
 PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
-_CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "a planner scales fleets of engines from forward pass metrics",
-    "prefill and decode steps share one batch on each data parallel rank",
-    "tokens per second rise with the batch until the step time grows",
-] * 50
-
-
-def write_tiny_llama(directory: Path) -> Path:
-    """Write a Llama config (hidden 128, 4 heads, 2 KV heads, head_dim 32, 2 layers, vocab 1024) and a BPE
-    tokenizer trained on a few sentences into ``directory``; returns it. Idempotent."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
-        return directory
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=["<unk>", "<s>", "</s>"])
-    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "model_max_length": 2048,
-    }))
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "num_hidden_layers": 2,
-        "vocab_size": 1024,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-    }))
-    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    return directory
 
 
 def free_port() -> int:
@@ -207,8 +163,9 @@ class TinyEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._thread.start()
-        env = tiny_engine_env(worker_id=self.worker_id, port_base=self.port_base,
-                              heartbeat_interval_s=self.heartbeat_interval_s)
+        env = tiny_engine_env(
+            worker_id=self.worker_id, port_base=self.port_base, heartbeat_interval_s=self.heartbeat_interval_s
+        )
         args = AsyncEngineArgs(
             model=str(self.model_dir),
             load_format="dummy",
@@ -226,8 +183,7 @@ class TinyEngine:
 
         async def build() -> Any:
             config = args.create_engine_config(usage_context=UsageContext.ENGINE_CONTEXT)
-            return AsyncLLM.from_vllm_config(config, usage_context=UsageContext.ENGINE_CONTEXT,
-                                             disable_log_stats=True)
+            return AsyncLLM.from_vllm_config(config, usage_context=UsageContext.ENGINE_CONTEXT, disable_log_stats=True)
 
         with _patched_environ(env, remove=() if self.worker_id is not None else ("FPM_WORKER_ID",)):
             self.llm = self.run(build(), timeout_s=600)

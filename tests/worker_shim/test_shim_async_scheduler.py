@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.fakes.tiny_vllm import FpmCollector, free_port_base, write_tiny_llama  # noqa: E402
-from worker_shim.fpm import ForwardPassMetrics  # noqa: E402
+from tests.fakes.tiny_vllm import FpmCollector, free_port_base, write_tiny_llama
+from worker_shim.fpm import ForwardPassMetrics
 
 pytestmark = pytest.mark.vllm
 
@@ -24,11 +24,15 @@ pytestmark = pytest.mark.vllm
 def _vllm_config(model_dir: Path) -> Any:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
-    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=1024, dtype="float32",
-                        seed=0)
-    scheduler = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=1024,
-                                is_encoder_decoder=False, async_scheduling=True,
-                                scheduler_cls="worker_shim.InstrumentedAsyncScheduler")
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=1024, dtype="float32", seed=0)
+    scheduler = SchedulerConfig(
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        max_model_len=1024,
+        is_encoder_decoder=False,
+        async_scheduling=True,
+        scheduler_cls="worker_shim.InstrumentedAsyncScheduler",
+    )
     cache = CacheConfig(block_size=16, enable_prefix_caching=False)
     config = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache)
     config.scheduler_config.async_scheduling = True
@@ -41,8 +45,11 @@ def _kv_cache_config(num_blocks: int) -> Any:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn", "layers.1.attn"], spec)])
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn", "layers.1.attn"], spec)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +67,10 @@ def scheduler_and_fpm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     mp.setenv("FPM_HEARTBEAT_INTERVAL_S", "0.2")
     config = _vllm_config(model_dir)
     scheduler = InstrumentedAsyncScheduler(
-        vllm_config=config, kv_cache_config=_kv_cache_config(256),
-        structured_output_manager=StructuredOutputManager(config), block_size=16,
+        vllm_config=config,
+        kv_cache_config=_kv_cache_config(256),
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=16,
     )
     mp.undo()
     collector = FpmCollector([f"tcp://127.0.0.1:{base}"]).start()
@@ -76,17 +85,27 @@ def _request(req_id: str, prompt_len: int, max_tokens: int) -> Any:
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(request_id=req_id, prompt_token_ids=[7] * prompt_len, sampling_params=params,
-                   pooling_params=None, arrival_time=0.0)
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=[7] * prompt_len,
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=0.0,
+    )
 
 
 def _model_output(scheduler_output: Any) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=[[11] for _ in req_ids], logprobs=None,
-                             prompt_logprobs_dict={}, pooler_output=[])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=[[11] for _ in req_ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
 
 
 def _drive_async(scheduler: Any, max_steps: int = 200) -> int:
@@ -156,3 +175,29 @@ def test_set_worker_id_reaches_the_async_variant(scheduler_and_fpm: tuple[Any, F
         timeout_s=20,
     )
     assert {s.worker_id for s in collector.samples()} == {"w-async-2"}
+
+
+def test_set_worker_id_refuses_an_engine_without_the_shims_scheduler(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The EngineCore utility raises, naming the fix, when the engine runs vLLM's own scheduler."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from worker_shim.identity import install_engine_utilities
+
+    install_engine_utilities()
+    config = _vllm_config(write_tiny_llama(tmp_path_factory.mktemp("tiny-plain")))
+    config.scheduler_config.async_scheduling = False
+    plain = Scheduler(
+        vllm_config=config,
+        kv_cache_config=_kv_cache_config(64),
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=16,
+    )
+    engine = SimpleNamespace(scheduler=plain)
+    with pytest.raises(TypeError, match=r"not the FPM shim's: start vLLM with --scheduler-cls worker_shim"):
+        EngineCore.set_fpm_worker_id(engine, "w-1")  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="non-empty"):
+        EngineCore.set_fpm_worker_id(engine, "")  # type: ignore[attr-defined]

@@ -16,18 +16,28 @@ def test_defaults_when_nothing_is_set() -> None:
 
 
 def test_every_variable_is_read() -> None:
-    env = {"FPM_WORKER_ID": "w-7", "FPM_PORT_BASE": "21000", "FPM_BIND_HOST": "10.0.0.5",
-           "FPM_HEARTBEAT_INTERVAL_S": "0.25", "UNRELATED": "x"}
+    env = {
+        "FPM_WORKER_ID": "w-7",
+        "FPM_PORT_BASE": "21000",
+        "FPM_BIND_HOST": "10.0.0.5",
+        "FPM_HEARTBEAT_INTERVAL_S": "0.25",
+        "UNRELATED": "x",
+    }
     config = ShimConfig.from_env(env)
     assert (config.worker_id, config.port_base, config.bind_host, config.heartbeat_interval_s) == (
-        "w-7", 21000, "10.0.0.5", 0.25)
+        "w-7",
+        21000,
+        "10.0.0.5",
+        0.25,
+    )
     assert config.endpoint(1) == "tcp://10.0.0.5:21001"
     assert ShimConfig.from_env(config.to_env()) == config
 
 
 def test_empty_values_take_defaults() -> None:
     assert ShimConfig.from_env({"FPM_PORT_BASE": " ", "FPM_BIND_HOST": "", "FPM_HEARTBEAT_INTERVAL_S": ""}) == (
-        ShimConfig())
+        ShimConfig()
+    )
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,13 @@ from worker_shim.metrics import population_variance, queued_requests, scheduled_
         (
             "mixed batch: prompt lengths 40 and 24, one decode",
             [(40, 0, 40), (24, 0, 24), (1, 33, 33)],
-            ScheduledRequests(num_prefill_requests=2, sum_prefill_tokens=64, var_prefill_length=64.0,
-                              num_decode_requests=1, sum_decode_kv_tokens=33),
+            ScheduledRequests(
+                num_prefill_requests=2,
+                sum_prefill_tokens=64,
+                var_prefill_length=64.0,
+                num_decode_requests=1,
+                sum_decode_kv_tokens=33,
+            ),
         ),
         (
             "a request resumed after preemption recomputes as a prefill",

@@ -20,8 +20,9 @@ RECORD = WorkerRecord(
     service="llama",
     dp_size=2,
     fpm_endpoints=("tcp://10.0.0.1:20380", "tcp://10.0.0.1:20381"),
-    capacity=EngineCapacity(max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096,
-                            kv_capacity_tokens=100_000),
+    capacity=EngineCapacity(
+        max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096, kv_capacity_tokens=100_000
+    ),
 )
 
 
@@ -40,8 +41,12 @@ def test_put_carries_the_contract_body_and_token() -> None:
         "service": "llama",
         "dp_size": 2,
         "fpm_endpoints": ["tcp://10.0.0.1:20380", "tcp://10.0.0.1:20381"],
-        "capacity": {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "max_model_len": 4096,
-                     "kv_capacity_tokens": 100_000},
+        "capacity": {
+            "max_num_batched_tokens": 2048,
+            "max_num_seqs": 64,
+            "max_model_len": 4096,
+            "kv_capacity_tokens": 100_000,
+        },
         "ttl_s": 12.0,
     }
     assert expires > time.time()
@@ -95,13 +100,19 @@ def test_static_file_entry_is_read_back_by_discovery(tmp_path: Path) -> None:
 
 def test_static_file_keeps_other_workers_and_replaces_its_own(tmp_path: Path) -> None:
     path = tmp_path / "workers.yaml"
-    other = {"worker_id": "w-other", "role": "prefill", "service": "llama", "dp_size": 1,
-             "fpm_endpoints": ["tcp://10.0.0.2:20380"]}
+    other = {
+        "worker_id": "w-other",
+        "role": "prefill",
+        "service": "llama",
+        "dp_size": 1,
+        "fpm_endpoints": ["tcp://10.0.0.2:20380"],
+    }
     path.write_text(yaml.safe_dump({"workers": [other]}))
     registrar = StaticFileRegistrar(path)
     registrar.register(RECORD)
-    moved = WorkerRecord(worker_id="w-1", role=Role.DECODE, service="llama", dp_size=1,
-                         fpm_endpoints=("tcp://10.0.0.9:20380",))
+    moved = WorkerRecord(
+        worker_id="w-1", role=Role.DECODE, service="llama", dp_size=1, fpm_endpoints=("tcp://10.0.0.9:20380",)
+    )
     registrar.register(moved)
     workers = StaticFileDiscovery(path).workers(0.0)
     assert set(workers) == {"w-other", "w-1"}
