@@ -158,9 +158,15 @@ class LeaseElector:
             deadline_passed = (
                 self._last_renew is None or self._clock() - self._last_renew >= self.config.renew_deadline_s
             )
+            lost = self._observed is not None and self._observed.holder not in ("", self.config.identity)
         if ok:
             self._set_leading(True)
-        elif not self.is_leader or deadline_passed:
+        elif lost or deadline_passed:
+            # Someone else holds the Lease (even if our renew deadline has not passed: never act next to them),
+            # or we could not renew in time.
+            with self._lock:
+                if lost:
+                    self._last_renew = None
             self._set_leading(False)
         return self.is_leader
 

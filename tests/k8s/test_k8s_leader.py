@@ -203,3 +203,17 @@ def test_threaded_run_and_stop_release(emulator: K8sApiEmulator, make_client: Ca
         elector.stop(release=True)
     assert not elector.is_leader
     assert lease(emulator)["spec"].get("holderIdentity") is None
+
+
+def test_a_leader_that_sees_another_holder_steps_down_at_once(
+    emulator: K8sApiEmulator, pair: tuple[Replica, Replica], clock: FakeClock
+) -> None:
+    a, _ = pair
+    assert a.elector.try_acquire_or_renew()
+    # An operator hands the Lease to someone else (or it was recreated): A must not wait for its deadline.
+    obj = lease(emulator)
+    obj["spec"]["holderIdentity"] = "planner-z"
+    emulator.put(obj)
+    clock.t += RETRY_S
+    assert a.elector.try_acquire_or_renew() is False
+    assert not a.elector.is_leader and a.events == ["started", "stopped"]
