@@ -38,6 +38,7 @@ __all__ = [
     "HistoryConfig",
     "HttpConfig",
     "IngestConfig",
+    "PerfModelSettings",
     "ServiceConfig",
     "load_config",
 ]
@@ -78,6 +79,14 @@ class HistoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_errors: PositiveInt = 50  # recent actuator errors shown in diagnostics
 
 
+class PerfModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The online perf model (perf_model.PerfModel, one per role), fed from the FleetStore every tick. Once it
+    is ready the decision core runs in SLA mode for roles whose mode is ``auto`` or ``sla``."""
+
+    enabled: bool = True
+    profile_dir: str | None = None  # a measured profile to bootstrap from (ready at once); None: live only
+
+
 class ActuatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: ActuatorKind = ActuatorKind.ADVISORY
     options: dict[str, Any] = {}  # passed to the actuator's factory
@@ -90,6 +99,7 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ingest: IngestConfig = IngestConfig()
     history: HistoryConfig = HistoryConfig()
     actuator: ActuatorConfig = ActuatorConfig()
+    perf_model: PerfModelSettings = PerfModelSettings()
     core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
     kubernetes: dict[str, Any] | None = None  # pod discovery and leader election (planner.k8s.setup)
     auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused

@@ -27,6 +27,8 @@ import msgspec
 import zmq
 
 from perf_model.api import PerfPredictor
+from perf_model.model import PerfModel
+from perf_model.step_timer import ProfileStepTimer
 from planner.actuators.base import Actuator, OutcomeKind, ScaleOutcome, ScaleRequest, ServiceStatus
 from planner.core import (
     Action,
@@ -43,12 +45,13 @@ from planner.core import (
 )
 from planner.core import load_config as load_core_config
 from planner.discovery import Discovery, EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
-from planner.errors import ActuatorError, ConfigError, DiscoveryError, LeaseError
+from planner.errors import ActuatorError, ConfigError, DiscoveryError, LeaseError, PlannerError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from planner.service.config import ServiceConfig
 from planner.service.history import DecisionEntry, History, OutcomeEntry
 from planner.service.metrics import PlannerMetrics
+from worker_shim.fpm import ForwardPassMetrics
 
 __all__ = [
     "ActuatorErrorEntry",
@@ -136,7 +139,18 @@ class PlannerRunner:
         self.status_error: str | None = None
         self.core_config: CoreConfig = load_core_config(config.core)
         self.core_state = CoreState()
-        self.predictors: dict[Role, PerfPredictor] | None = None  # SLA mode per role when given
+        self.perf_models: dict[Role, PerfModel] = {}
+        if config.perf_model.enabled:
+            bootstrap = None
+            if config.perf_model.profile_dir is not None:
+                try:
+                    bootstrap = ProfileStepTimer.from_dir(config.perf_model.profile_dir)
+                except (PlannerError, OSError, ValueError) as exc:
+                    raise ConfigError(f"perf_model.profile_dir: {exc}") from exc
+            self.perf_models = {role: PerfModel(role, bootstrap=bootstrap) for role in Role}
+        self.predictors: dict[Role, PerfPredictor] | None = dict(self.perf_models) or None
+        self.perf_model_error: str | None = None
+        self._fed_at: dict[tuple[str, int], float] = {}
         self.last_observation: Observation | None = None
         self.last_decisions: dict[str, Decision] = {}
         self.traffic: dict[Role, Traffic] = {}  # set by whoever knows it (the demo's router); none by default
@@ -347,6 +361,7 @@ class PlannerRunner:
             self.refresh_discovery(now)
             self.status = await self.read_status()
             snapshot = self.subscriber.snapshot(self.now())
+            self._feed_perf_models(snapshot.now)
             self.metrics.observe_drops({str(k): v for k, v in snapshot.drops.items()})
             await self._decide_and_act(snapshot, self.status, snapshot.now)
             self.ticks += 1
@@ -354,6 +369,38 @@ class PlannerRunner:
             duration_s = time.perf_counter() - started
             self.tick_durations_s.append(duration_s)
             self.metrics.tick_duration_seconds.observe(duration_s)
+
+    def _feed_perf_models(self, now: float) -> None:
+        """Offer the perf models every step sample stored since the last tick, then refit on their cadence.
+        A model that fails is reported in diagnostics and left out of this tick (threshold mode)."""
+        if not self.perf_models:
+            return
+        fresh: dict[Role, list[ForwardPassMetrics]] = {}
+        with self.subscriber.lock:
+            for key, window in self.store.iter_windows():
+                record = self._workers.get(key[0])
+                if record is None or not window:
+                    continue
+                since = self._fed_at.get(key, -1.0)
+                if window[-1][0] <= since:
+                    continue
+                bucket = fresh.setdefault(record.role, [])
+                bucket.extend(sample for at, sample in window if at > since)
+                self._fed_at[key] = window[-1][0]
+        for key in [k for k in self._fed_at if k[0] not in self._workers]:
+            del self._fed_at[key]
+        try:
+            for role, samples in fresh.items():
+                self.perf_models[role].observe_many(samples, now)
+            for model in self.perf_models.values():
+                model.maybe_refit(now)
+        except Exception as exc:  # a model bug must not stop the planner deciding
+            self.perf_model_error = f"{type(exc).__name__}: {exc}"
+            log.exception("perf model update failed; deciding without it")
+            self.predictors = None
+            return
+        self.perf_model_error = None
+        self.predictors = dict(self.perf_models)
 
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
         not_ready: dict[str, list[str]] = {}
@@ -666,6 +713,11 @@ class PlannerRunner:
                 "recent_errors": [msgspec.to_builtins(e) for e in reversed(self.actuator_errors)],
             },
             "latest_decisions": [_entry_brief(e) for e in self.history.latest()],
+            "perf_model": {
+                "enabled": bool(self.perf_models),
+                "error": self.perf_model_error,
+                "roles": {role.value: _perf_brief(model) for role, model in self.perf_models.items()},
+            },
         }
 
     def _classification(self, worker_id: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -756,6 +808,19 @@ def _role_counts(services: list[dict[str, Any]]) -> dict[str, Any]:
             "deployment_ready": sum(ready) if ready else None,
         }
     return out
+
+
+def _perf_brief(model: PerfModel) -> dict[str, Any]:
+    status = model.status()
+    return {
+        "source": status.source.value,
+        "ready": status.ready,
+        "live_ready": status.live_ready,
+        "not_ready_because": list(status.not_ready_because),
+        "samples": status.samples,
+        "accepted": status.accepted,
+        "fits": status.fits,
+    }
 
 
 def _source_label(source: Discovery) -> str:

@@ -18,6 +18,8 @@ from planner.sim.timing import ProfileFitTimer
 from planner.sim.traces import load_trace
 from tests.fakes.leader import SwitchableElector
 from tests.service.support import AUTH, Served, free_port, make_config, registration, serve, wait_for
+from worker_shim.fpm import QueuedRequests, ScheduledRequests
+from worker_shim.publisher import FpmPublisher
 
 
 def sim_actuator() -> tuple[LocalActuator, SimFleet]:
@@ -177,3 +179,23 @@ def test_a_static_worker_is_listed_and_cannot_be_registered_over(one_tick: Serve
     response = one_tick.http.put("/v1/workers/w-1", json=body, headers=AUTH)
     assert response.status_code == 422
     assert "static workers file" in response.json()["detail"]
+
+
+def test_the_perf_model_learns_from_the_fleets_samples(service: Served) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with FpmPublisher(worker_id="w-learn", endpoint=endpoint, heartbeat_interval_s=0.05) as publisher:
+        service.http.put("/v1/workers/w-learn", json=registration([endpoint]), headers=AUTH).raise_for_status()
+
+        def learned() -> bool:
+            for batch in range(1, 9):  # decode steps of varying batch: 5 ms + 0.1 ms per sequence
+                publisher.publish(
+                    0.005 + 0.0001 * batch * 8,
+                    ScheduledRequests(num_decode_requests=batch * 8, sum_decode_kv_tokens=batch * 8000),
+                    QueuedRequests(),
+                )
+            roles = service.http.get("/v1/diagnostics").json()["perf_model"]["roles"]
+            return int(roles["decode"]["accepted"]) >= 32
+
+        wait_for(learned)
+        roles = service.http.get("/v1/diagnostics").json()["perf_model"]["roles"]
+        assert roles["prefill"]["accepted"] == 0 and roles["agg"]["accepted"] == 0
