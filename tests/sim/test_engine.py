@@ -58,32 +58,38 @@ def test_chunked_prefill_splits_the_token_budget_in_admission_order() -> None:
 def test_decode_tokens_count_against_the_budget_and_fpm_reports_decode_kv() -> None:
     engine, samples = make(EngineConfig(max_num_batched_tokens=100, prefix_cache=False))
     engine.add(SimRequest(0, 0.0, 50, 3))
-    engine.add(SimRequest(1, 0.0, 120, 2))
+    engine.add(SimRequest(1, 0.0, 150, 2))
     done = run(engine)
     rows = [
-        (
-            s.num_prefill_requests,
-            s.sum_prefill_tokens,
-            s.num_decode_requests,
-            s.sum_decode_kv_tokens,
-            s.var_decode_kv_tokens,
-        )
+        (s.num_prefill_requests, s.sum_prefill_tokens, s.num_decode_requests, s.sum_decode_kv_tokens)
         for _, s, _, _ in samples
     ]
-    # step 1: r0 50 + r1 50 (budget 100). r0 emits its first token.
-    # step 2: r0 decodes (KV 51) and takes 1 token of budget; r1 gets its last 70.
-    # step 3: r0 (KV 52) and r1 (KV 121) decode; r0 is then done (3 tokens), r1 too (2 tokens).
-    assert rows == [(2, 100, 0, 0, 0.0), (1, 70, 1, 51, 0.0), (0, 0, 2, 173, 34.5**2)]
+    # step 1: r0 50 + r1 50 (budget 100); r0 emits its first token.
+    # step 2: r0 decodes (KV 51) and takes 1 token of the budget, so r1 gets 99 of its remaining 100.
+    # step 3: r0 decodes (KV 52, its 3rd token: done); r1 its last token of prompt (first output token).
+    # step 4: r1 decodes (KV 151, its 2nd token: done).
+    assert rows == [(2, 100, 0, 0), (1, 99, 1, 51), (1, 1, 1, 52), (0, 0, 1, 151)]
     assert sorted(r.rid for r in done) == [0, 1]
     assert engine.kv_used_tokens == 0
     assert engine.outstanding_tokens == 0
     r0 = next(r for r in done if r.rid == 0)
-    # r0: first token at the end of step 1 (10 + 10 ms), finished at the end of step 3
-    assert r0.ttft_s == pytest.approx(0.020)
-    step2 = 0.010 + 0.0001 * 70 + 0.001
-    step3 = 0.010 + 0.002
-    assert r0.finish_s == pytest.approx(0.020 + step2 + step3)
-    assert r0.itl_s == pytest.approx((step2 + step3) / 2)
+    step = [s[0] for s in samples]
+    assert step[0] == pytest.approx(0.010 + 0.0001 * 100)
+    assert step[1] == pytest.approx(0.010 + 0.0001 * 99 + 0.001)
+    assert r0.ttft_s == pytest.approx(step[0])
+    assert r0.finish_s == pytest.approx(step[0] + step[1] + step[2])
+    assert r0.itl_s == pytest.approx((step[1] + step[2]) / 2)
+
+
+def test_decode_kv_variance_is_over_the_batch() -> None:
+    engine, samples = make(EngineConfig(max_num_batched_tokens=1000, prefix_cache=False))
+    engine.add(SimRequest(0, 0.0, 50, 3))
+    engine.add(SimRequest(1, 0.0, 120, 3))
+    run(engine)
+    # both prefilled in step 1; step 2 decodes KV 51 and 121: mean 86, variance 35^2
+    _, sched, _, _ = samples[1]
+    assert (sched.num_decode_requests, sched.sum_decode_kv_tokens) == (2, 172)
+    assert sched.var_decode_kv_tokens == pytest.approx(35.0**2)
 
 
 def test_max_num_seqs_keeps_later_requests_waiting() -> None:

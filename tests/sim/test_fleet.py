@@ -114,16 +114,19 @@ def test_store_sink_feeds_real_fpm_with_contiguous_counters_and_heartbeats() -> 
     f.submit(SimRequest(0, 0.0, 100, 4), 0.0)
     f.heartbeat(5.0)
     f.heartbeat(5.5)  # under the interval: no second heartbeat
+    f.submit(SimRequest(1, 6.0, 100, 1), 6.0)  # a step after the heartbeat: counters must run on without a gap
+    f.run_until(7.0)
     (wid,) = f.workers()
-    view = store.rank_view(wid, 0, 5.5)
+    view = store.rank_view(wid, 0, 7.0)
     assert store.drops == dict.fromkeys(store.drops, 0)
-    assert view.samples == 4  # one prefill step + 3 decode steps
+    assert view.samples == 5  # one prefill step + 3 decode steps, then one prefill step
     assert view.heartbeats == 1
     assert view.gaps == 0 and view.restarts == 0
     assert view.fresh
     last = view.last_active
-    assert last is not None and last.scheduled_requests.num_decode_requests == 1
-    assert last.scheduled_requests.sum_decode_kv_tokens == 103
+    assert last is not None and last.scheduled_requests.sum_prefill_tokens == 100
+    decode_steps = [s for _, s in store.window(wid, 0) if s.scheduled_requests.num_decode_requests]
+    assert [s.scheduled_requests.sum_decode_kv_tokens for s in decode_steps] == [101, 102, 103]
 
 
 def test_scaling_an_unknown_role_is_refused() -> None:
