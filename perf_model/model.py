@@ -116,7 +116,11 @@ def fit_step_time(
     absolute deviations of the relative residual), which are dropped before the final fit."""
     if len(loads) != len(wall_ms) or len(loads) < 2:
         raise ValueError("need at least two (load, wall_ms) pairs of equal length")
-    x = np.asarray([feature_row(role, load) for load in loads], dtype=float)
+    raw = np.asarray([feature_row(role, load) for load in loads], dtype=float)
+    # Columns span 1 to ~1e9 (attention terms): scale each to at most 1 so the solver is well conditioned.
+    scale = np.max(np.abs(raw), axis=0)
+    scale[scale == 0.0] = 1.0
+    x = raw / scale
     y = np.asarray(wall_ms, dtype=float)
     keep = np.ones(len(y), dtype=bool)
     reg = LinearRegression(positive=True, fit_intercept=False)
@@ -131,6 +135,7 @@ def fit_step_time(
         keep = new_keep
     coef = np.maximum(reg.coef_, 0.0)
     pred = np.maximum(x[keep] @ coef, 1e-9)
+    coef = coef / scale
     ratio = y[keep] / pred
     return StepTimeFit(
         role=role,
