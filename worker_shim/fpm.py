@@ -4,7 +4,9 @@ One sample per engine step (and an idle heartbeat), compatible with NVIDIA Dynam
 a msgpack **map** encoded from frozen ``msgspec.Struct`` s, sent as three ZMQ frames
 ``[topic, seq (u64 big-endian), payload]``.
 
-This module needs msgspec only: the shim (inside vLLM), the planner and the simulator all import it.
+The records hold only scalars and each other, so they can never form a reference cycle: they are declared
+``gc=False`` and a store holding millions of them costs the garbage collector nothing. This module needs msgspec
+only: the shim (inside vLLM), the planner and the simulator all import it.
 Decoding ignores unknown keys (optional extensions are allowed); a payload of the wrong shape raises
 :class:`FpmDecodeError` and nothing else.
 """
@@ -36,7 +38,7 @@ FPM_VERSION = 1
 _SEQ = struct.Struct(">Q")
 
 
-class ScheduledRequests(msgspec.Struct, frozen=True, kw_only=True):
+class ScheduledRequests(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What one engine step computed."""
 
     num_prefill_requests: int = 0
@@ -48,7 +50,7 @@ class ScheduledRequests(msgspec.Struct, frozen=True, kw_only=True):
     var_decode_kv_tokens: float = 0.0
 
 
-class QueuedRequests(msgspec.Struct, frozen=True, kw_only=True):
+class QueuedRequests(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What waited after the step was scheduled."""
 
     num_prefill_requests: int = 0
@@ -57,7 +59,7 @@ class QueuedRequests(msgspec.Struct, frozen=True, kw_only=True):
     num_decode_requests: int = 0  # preempted or waiting for remote KV
 
 
-class ForwardPassMetrics(msgspec.Struct, frozen=True, kw_only=True):
+class ForwardPassMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One FPM sample. ``wall_time`` is the step's duration in seconds; 0.0 only on heartbeats."""
 
     worker_id: str

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -36,7 +35,7 @@ class DropReason(enum.StrEnum):
     INVALID_VALUE = "invalid_value"  # NaN, infinite or negative numbers; dp_rank outside dp_size
 
 
-class EndpointSeen(msgspec.Struct, frozen=True, kw_only=True):
+class EndpointSeen(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What an endpoint last published under, attributable or not."""
 
     endpoint: str
@@ -44,6 +43,32 @@ class EndpointSeen(msgspec.Struct, frozen=True, kw_only=True):
     dp_rank: int
     last_at: float
     messages: int
+
+
+_Seen = tuple[str, int, float, int]
+
+
+class EndpointsView(Mapping[str, EndpointSeen]):
+    """Endpoint -> :class:`EndpointSeen`, frozen at snapshot time; records are built only for the endpoints read
+    (a fleet has tens of thousands, a tick looks at a few)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: dict[str, _Seen]) -> None:
+        self._raw = raw
+
+    def __getitem__(self, endpoint: str) -> EndpointSeen:
+        wid, rank, at, n = self._raw[endpoint]
+        return EndpointSeen(endpoint=endpoint, worker_id=wid, dp_rank=rank, last_at=at, messages=n)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, endpoint: object) -> bool:
+        return endpoint in self._raw
 
 
 class RankState:
@@ -81,8 +106,8 @@ class RankState:
         self.lost_samples = 0
 
 
-class RankView(msgspec.Struct, frozen=True, kw_only=True):
-    """Read-only view of one ``(worker_id, dp_rank)`` at snapshot time."""
+class RankView(msgspec.Struct, frozen=True, gc=False):
+    """Read-only view of one ``(worker_id, dp_rank)`` at snapshot time (no cycles possible: ``gc=False``)."""
 
     worker_id: str
     dp_rank: int
@@ -122,8 +147,8 @@ class FleetStore:
         self._workers: dict[str, WorkerRecord] = {}
         self._owner: dict[str, tuple[str, int]] = {}  # endpoint -> (worker_id, dp_rank)
         self._ranks: dict[tuple[str, int], RankState] = {}
-        # endpoint -> [worker_id, dp_rank, last_at, messages]; EndpointSeen records are built at snapshot time
-        self._endpoints: dict[str, list[Any]] = {}
+        # endpoint -> (worker_id, dp_rank, last_at, messages); immutable, so a snapshot's shallow copy is consistent
+        self._endpoints: dict[str, _Seen] = {}
         self.drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
         # Drops we can still pin on a discovered worker (by its endpoint), for diagnostics.
         self.drops_by_worker: dict[str, dict[DropReason, int]] = {}
@@ -186,11 +211,12 @@ class FleetStore:
         owner = self._owner.get(endpoint)
         if owner is not None:
             seen = self._endpoints.get(endpoint)
-            if seen is None:
-                self._endpoints[endpoint] = [sample.worker_id, sample.dp_rank, received_at, 1]
-            else:
-                seen[0], seen[1], seen[2] = sample.worker_id, sample.dp_rank, received_at
-                seen[3] += 1
+            self._endpoints[endpoint] = (
+                sample.worker_id,
+                sample.dp_rank,
+                received_at,
+                1 if seen is None else seen[3] + 1,
+            )
         wid = sample.worker_id
         if not wid:
             return self.drop(DropReason.EMPTY_WORKER_ID, endpoint)
@@ -249,55 +275,41 @@ class FleetStore:
     def rank_view(self, worker_id: str, dp_rank: int, now: float) -> RankView:
         record = self._workers.get(worker_id)
         endpoint = record.fpm_endpoints[dp_rank] if record and dp_rank < record.dp_size else ""
-        state = self._ranks.get((worker_id, dp_rank))
+        return self._view(worker_id, dp_rank, endpoint, self._ranks.get((worker_id, dp_rank)), now)
+
+    def _view(self, worker_id: str, dp_rank: int, endpoint: str, state: RankState | None, now: float) -> RankView:
         if state is None:
-            return RankView(
-                worker_id=worker_id,
-                dp_rank=dp_rank,
-                endpoint=endpoint,
-                fresh=False,
-                age_s=None,
-                active_age_s=None,
-                latest=None,
-                last_active=None,
-                samples=0,
-                heartbeats=0,
-                restarts=0,
-                gaps=0,
-                lost_samples=0,
-            )
+            return RankView(worker_id, dp_rank, endpoint, False, None, None, None, None, 0, 0, 0, 0, 0)
         age = now - state.last_seen_at
         return RankView(
-            worker_id=worker_id,
-            dp_rank=dp_rank,
-            endpoint=state.endpoint,
-            fresh=age <= self.ttl_s,
-            age_s=age,
-            active_age_s=None if state.last_active is None else now - state.last_active_at,
-            latest=state.latest,
-            last_active=state.last_active,
-            samples=state.samples,
-            heartbeats=state.heartbeats,
-            restarts=state.restarts,
-            gaps=state.gaps,
-            lost_samples=state.lost_samples,
+            worker_id,
+            dp_rank,
+            state.endpoint,
+            age <= self.ttl_s,
+            age,
+            None if state.last_active is None else now - state.last_active_at,
+            state.latest,
+            state.last_active,
+            state.samples,
+            state.heartbeats,
+            state.restarts,
+            state.gaps,
+            state.lost_samples,
         )
 
     def snapshot(self, now: float) -> FleetSnapshot:
         """Every discovered worker's every rank (heard from or not), endpoint observations and drop counters."""
+        get, view = self._ranks.get, self._view
         ranks = {
-            (wid, rank): self.rank_view(wid, rank, now)
+            (wid, rank): view(wid, rank, endpoint, get((wid, rank)), now)
             for wid, record in self._workers.items()
-            for rank in range(record.dp_size)
+            for rank, endpoint in enumerate(record.fpm_endpoints)
         }
         return FleetSnapshot(
             now=now,
             ttl_s=self.ttl_s,
             ranks=ranks,
-            endpoints={
-                endpoint: EndpointSeen(endpoint=endpoint, worker_id=wid, dp_rank=rank, last_at=at, messages=n)
-                for endpoint, (wid, rank, at, n) in self._endpoints.items()
-            },
+            endpoints=EndpointsView(dict(self._endpoints)),
             drops=dict(self.drops),
             drops_by_worker={w: dict(d) for w, d in self.drops_by_worker.items()},
         )

@@ -36,6 +36,18 @@ def pump(sub: FpmSubscriber, until: Callable[[], bool], timeout_s: float = 10.0)
         sub.poll_once(20)
 
 
+def rebind(make: Callable[[], FpmPublisher], timeout_s: float = 10.0) -> FpmPublisher:
+    """Start a publisher on a port another one in this process just closed (ZMQ releases it asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return make().start()
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def record(worker_id: str, endpoint: str) -> WorkerRecord:
     return WorkerRecord(worker_id=worker_id, role="agg", service="agg", dp_size=1, fpm_endpoints=(endpoint,))
 
@@ -156,7 +168,7 @@ def test_a_publisher_restart_on_the_same_endpoint_is_detected(ctx: zmq.Context[z
             first.publish(0.01, STEP, QUEUE)
         pump(sub, lambda: store.rank_view("w", 0, 0.0).samples >= 100)
         first.close()
-        second = FpmPublisher(worker_id="w", endpoint=endpoint, heartbeat_interval_s=0.01, context=ctx).start()
+        second = rebind(lambda: FpmPublisher(worker_id="w", endpoint=endpoint, heartbeat_interval_s=0.01, context=ctx))
         try:
             pump(sub, lambda: store.rank_view("w", 0, 0.0).restarts == 1)
             view = store.rank_view("w", 0, 0.0)
