@@ -311,8 +311,8 @@ def test_persistent_server_errors_give_up_and_say_so(
 def test_timeouts_are_transient_and_retried(
     cluster: K8sApiEmulator, api_client: k8s.ApiClient, fake_sleep: FakeSleep
 ) -> None:
-    cluster.inject(Fault("PUT", r"/scale$", status=None, delay_s=0.4))
-    act = make_actuator(api_client, fake_sleep, request_timeout_s=0.1)
+    cluster.inject(Fault("PUT", r"/scale$", status=None, delay_s=1.5))
+    act = make_actuator(api_client, fake_sleep, request_timeout_s=0.5)
     out = act.scale(ScaleRequest(service="agg", replicas=4))
     assert out.attempt_log[0].outcome is OutcomeKind.TIMEOUT
     assert (out.kind, out.applied) == (OutcomeKind.APPLIED, True)
