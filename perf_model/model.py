@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -175,6 +176,7 @@ class PerfModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     fit: StepTimeFit | None
     profile: str | None
     ttft_overhead_ms: float
+    drifting: bool  # most recent samples far from the live fit: outlier rejection suspended until a refit
 
 
 def _load_check(*values: float) -> None:
@@ -201,22 +203,37 @@ class PerfModel:
         self._last_fit_at: float | None = None
         self._added_at_fit = 0
         self._fit_gaps: tuple[str, ...] | None = None  # readiness gaps judged at the last fit
+        self._recent_far: deque[bool] = deque(maxlen=64)  # recent samples: far from the live fit?
 
     # -- learning --------------------------------------------------------------------------------------------
 
     def observe(self, sample: ForwardPassMetrics, now: float) -> SampleVerdict:
-        """Offer one FPM sample; returns what became of it."""
+        """Offer one FPM sample; returns what became of it.
+
+        Outliers are judged against the live fit only, never against the bootstrap profile (a fleet on other
+        hardware than the profile's must still be able to learn). When most recent samples look like outliers
+        the engines changed, not the samples: they are accepted again so the next refit follows
+        (``status().drifting``)."""
         verdict = self._filter.check(sample)
         if verdict is SampleVerdict.ACCEPTED:
             load = load_of(sample.scheduled_requests)
             wall_ms = sample.wall_time * 1000.0
-            reference = self._reference()
-            if reference is not None and self._filter.check_outlier(wall_ms, reference(load)):
-                verdict = SampleVerdict.OUTLIER
-            else:
+            if self._fit is not None and self._fit_gaps == ():
+                far = self._filter.check_outlier(wall_ms, self._fit.step_ms(load))
+                self._recent_far.append(far)
+                if far and not self.drifting:
+                    verdict = SampleVerdict.OUTLIER
+            if verdict is SampleVerdict.ACCEPTED:
                 self._store.add(Sample(load=load, wall_time_ms=wall_ms, at=now))
         self._verdicts[verdict] += 1
         return verdict
+
+    @property
+    def drifting(self) -> bool:
+        """True when more than half of the last checked samples (at least 32 of them) were far from the live
+        fit: the engines' speed changed and outlier rejection is suspended until a refit catches up."""
+        recent = self._recent_far
+        return len(recent) >= 32 and sum(recent) * 2 > len(recent)
 
     def observe_many(self, samples: Sequence[ForwardPassMetrics], now: float) -> None:
         for sample in samples:
@@ -245,6 +262,7 @@ class PerfModel:
         )
         self._fits += 1
         self._fit_gaps = self._compute_gaps()
+        self._recent_far.clear()
         self._last_fit_at = now
         self._added_at_fit = self._store.added
         return self._fit
@@ -318,6 +336,7 @@ class PerfModel:
             fit=self._fit,
             profile=self.bootstrap.params.profile if self.bootstrap is not None else None,
             ttft_overhead_ms=self.ttft_overhead_ms,
+            drifting=self.drifting,
         )
 
     # -- predictions -----------------------------------------------------------------------------------------

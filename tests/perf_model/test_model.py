@@ -119,14 +119,63 @@ def test_profile_itl_points_within_ten_percent(
 def test_cold_start_and_slow_steps_are_filtered(h200_timer: ProfileStepTimer) -> None:
     rng = np.random.default_rng(3)
     model = PerfModel(Role.AGG, bootstrap=h200_timer)
-    loads = synthetic_loads(Role.AGG, 1500, rng)
-    for sample in timed_samples(h200_timer, loads, rng, cold_steps=8, engines=4, outlier_frac=0.03):
-        model.observe(sample, now=0.0)
-    model.refit(now=0.0)
+    loads = synthetic_loads(Role.AGG, 3000, rng)
+    samples = timed_samples(h200_timer, loads, rng, cold_steps=8, engines=4, outlier_frac=0.03)
+    model.observe_many(samples[:1500], now=0.0)
+    model.refit(now=0.0)  # live from here: later slow steps are judged against the fit
+    model.observe_many(samples[1500:], now=60.0)
+    model.refit(now=60.0)
     status = model.status()
     assert status.verdicts[SampleVerdict.WARMUP] == 4 * 16
     assert status.verdicts[SampleVerdict.OUTLIER] > 0
-    assert status.fit is not None and status.fit.mape < 0.05
+    assert status.fit is not None and status.fit.trimmed > 0 and status.fit.mape < 0.05
+    assert not status.drifting
+
+
+def scaled(samples: list[ForwardPassMetrics], factor: float, counter_offset: int = 0) -> list[ForwardPassMetrics]:
+    """The same steps ``factor`` times slower; ``counter_offset`` continues an earlier stream (no restart)."""
+    return [
+        ForwardPassMetrics(
+            worker_id=s.worker_id,
+            dp_rank=s.dp_rank,
+            counter_id=s.counter_id + counter_offset,
+            wall_time=s.wall_time * factor,
+            scheduled_requests=s.scheduled_requests,
+        )
+        for s in samples
+    ]
+
+
+def test_a_fleet_four_times_slower_than_its_profile_still_learns(h200_timer: ProfileStepTimer) -> None:
+    rng = np.random.default_rng(4)
+    model = PerfModel(Role.DECODE, bootstrap=h200_timer)
+    samples = scaled(timed_samples(h200_timer, synthetic_loads(Role.DECODE, 600, rng), rng), 4.0)
+    model.observe_many(samples, now=0.0)
+    model.refit(now=0.0)
+    assert model.status().source is ModelSource.LIVE
+    point = h200_timer.profile.decode[20]
+    assert model.predict_itl_ms(point.decode_requests, point.decode_kv_tokens).value_ms == pytest.approx(
+        4.0 * point.itl_ms, rel=0.2
+    )
+
+
+def test_when_the_engines_change_speed_the_model_follows(h200_timer: ProfileStepTimer) -> None:
+    rng = np.random.default_rng(6)
+    model = PerfModel(Role.DECODE, config=PerfModelConfig(refit_interval_s=30.0))
+    before = timed_samples(h200_timer, synthetic_loads(Role.DECODE, 800, rng), rng, cold_steps=0)
+    model.observe_many(before, now=0.0)
+    model.refit(now=0.0)
+    fresh = timed_samples(h200_timer, synthetic_loads(Role.DECODE, 3000, rng), rng, cold_steps=0)
+    after = scaled(fresh, 3.5, counter_offset=len(before))
+    verdicts = [model.observe(s, now=10.0) for s in after[:40]]
+    assert verdicts[:31] == [SampleVerdict.OUTLIER] * 31  # a few far samples are outliers...
+    assert model.status().drifting  # ...most of them means the engines changed
+    model.observe_many(after[40:], now=20.0)
+    model.refit(now=30.0)
+    point = h200_timer.profile.decode[20]
+    assert model.predict_itl_ms(point.decode_requests, point.decode_kv_tokens).value_ms == pytest.approx(
+        3.5 * point.itl_ms, rel=0.2
+    )
 
 
 def test_refits_on_a_cadence_and_only_with_new_samples(h200_timer: ProfileStepTimer) -> None:
