@@ -92,7 +92,7 @@ class LauncherSettings(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             worker_id=worker_id,
             role=Role(args.role),
-            service=args.service or args.served_model_name_first or args.model,
+            service=args.service or _default_service(args),
             restore=args.restore,
             sync_timeout_s=args.sync_timeout_s,
             register_url=args.register_url,
@@ -118,6 +118,13 @@ class LauncherSettings(msgspec.Struct, frozen=True, kw_only=True):
             return ApiRegistrar(self.register_url, self.register_token, ttl_s=self.lease_ttl_s)
         assert self.register_file is not None  # from_args guarantees one of the two
         return StaticFileRegistrar(self.register_file)
+
+
+def _default_service(args: argparse.Namespace) -> str:
+    names = getattr(args, "served_model_name", None)
+    if isinstance(names, list | tuple) and names:
+        return str(names[0])
+    return str(getattr(args, "model", "") or "")
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,10 +255,18 @@ async def _run(args: argparse.Namespace, settings: LauncherSettings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Check the launcher's own flags before importing vLLM (which takes seconds), so a bad one fails fast.
+    own = argparse.ArgumentParser(add_help=False)
+    add_launcher_arguments(own)
+    early, _ = own.parse_known_args(argv)
+    try:
+        LauncherSettings.from_args(early, os.environ)
+    except (ConfigError, DiscoveryError, ValueError) as exc:
+        print(f"fpm-worker: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     parser = build_parser()
     args = parser.parse_args(argv)
-    names = getattr(args, "served_model_name", None)
-    args.served_model_name_first = names[0] if names else ""
     try:
         settings = LauncherSettings.from_args(args, os.environ)
     except (ConfigError, DiscoveryError, ValueError) as exc:
