@@ -341,34 +341,27 @@ class PerfModel:
 
     # -- predictions -----------------------------------------------------------------------------------------
 
-    def _reference(self) -> _Step | None:
-        """The step-time function predictions use now (live fit, else profile), or None."""
-        if self._fit is not None and self.live_ready:
-            fit = self._fit
-            return fit.step_ms
+    def _require(self, *, prefill: bool, decode: bool) -> tuple[_Step, float]:
+        """The step-time function and band for a prediction involving prefill and/or decode work: the live fit
+        when ready and its role learns that work, else the profile; a live fit of the other role (e.g. a decode
+        engine's model asked for a TTFT) only when there is no profile (its floor is all it knows)."""
+        fit = self._fit
+        live = fit is not None and self.live_ready
+        covers = (not prefill or self.role is not Role.DECODE) and (not decode or self.role is not Role.PREFILL)
+        if fit is not None and live and (covers or self.bootstrap is None):
+            return fit.step_ms, fit.band_ratio
         if self.bootstrap is not None:
             timer = self.bootstrap
-            return lambda load: timer.step_time_ms(*load)
-        return None
-
-    def _band(self) -> float:
-        if self._fit is not None and self.live_ready:
-            return self._fit.band_ratio
-        return 1.0 + self.config.bootstrap_band_frac
-
-    def _require(self) -> tuple[_Step, float]:
-        reference = self._reference()
-        if reference is None:
-            gaps = "; ".join(self._live_gaps())
-            raise ModelNotReadyError(f"perf model for {self.role} engines is not ready and has no profile: {gaps}")
-        return reference, self._band()
+            return (lambda load: timer.step_time_ms(*load)), 1.0 + self.config.bootstrap_band_frac
+        gaps = "; ".join(self._live_gaps())
+        raise ModelNotReadyError(f"perf model for {self.role} engines is not ready and has no profile: {gaps}")
 
     def predict_step_ms(
         self, prefill_tokens: float, prefill_kv_tokens: float, decode_requests: float, decode_kv_tokens: float
     ) -> LatencyEstimate:
         """Duration of one engine step with this batch."""
         _load_check(prefill_tokens, prefill_kv_tokens, decode_requests, decode_kv_tokens)
-        step, band = self._require()
+        step, band = self._require(prefill=prefill_tokens > 0, decode=decode_requests > 0)
         value = step((prefill_tokens, prefill_kv_tokens, decode_requests, decode_kv_tokens))
         return LatencyEstimate(value_ms=value, upper_ms=value * band)
 
@@ -376,7 +369,7 @@ class PerfModel:
         """ITL of one engine decoding ``decode_requests`` sequences holding ``decode_kv_tokens`` in total: the
         decode-only step time (an aggregated engine's prefill chunks come on top)."""
         _load_check(decode_requests, decode_kv_tokens)
-        step, band = self._require()
+        step, band = self._require(prefill=False, decode=True)
         value = step((0.0, 0.0, max(decode_requests, 1.0), decode_kv_tokens))
         return LatencyEstimate(value_ms=value, upper_ms=value * band)
 
@@ -390,7 +383,7 @@ class PerfModel:
         _load_check(isl_tokens, queued_prefill_tokens)
         if max_num_batched_tokens < 1:
             raise InvalidLoadError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
-        step, band = self._require()
+        step, band = self._require(prefill=True, decode=False)
         chunk = float(max_num_batched_tokens)
         total = 0.0
         full_queue_steps = math.floor(queued_prefill_tokens / chunk)

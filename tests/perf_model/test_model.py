@@ -285,3 +285,23 @@ def test_fit_keeps_coefficients_non_negative_when_data_point_the_other_way() -> 
     # The best non-negative model of falling times is flat, inside the observed range (clipping a fit made
     # without the constraint keeps its intercept of ~50 ms: above every observation).
     assert all(min(wall_ms) <= fit.step_ms(load) <= max(wall_ms) for load in loads)
+
+
+def test_a_role_asked_about_the_other_phase_answers_from_the_profile(
+    h200_timer: ProfileStepTimer, models: dict[Role, PerfModel]
+) -> None:
+    # The decision core asks a decode model for one chunk's TTFT (prefill throughput) too: it must not fail, and
+    # a live decode fit knows nothing of prefill, so the profile answers.
+    decode = models[Role.DECODE]
+    assert decode.status().source is ModelSource.LIVE
+    assert decode.predict_ttft_ms(8192, 0, 8192).value_ms == pytest.approx(h200_timer.ttft_ms(8192, 8192))
+    prefill = models[Role.PREFILL]
+    point = h200_timer.profile.decode[5]
+    assert prefill.predict_itl_ms(point.decode_requests, point.decode_kv_tokens).value_ms == pytest.approx(point.itl_ms)
+    # Without a profile the live fit's floor is all it has: finite, never an error.
+    rng = np.random.default_rng(8)
+    bare = PerfModel(Role.DECODE)
+    bare.observe_many(timed_samples(h200_timer, synthetic_loads(Role.DECODE, 400, rng), rng), now=0.0)
+    bare.refit(now=0.0)
+    estimate = bare.predict_ttft_ms(8192, 0, 8192)
+    assert bare.ready and math.isfinite(estimate.upper_ms) and estimate.value_ms > 0
