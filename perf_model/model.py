@@ -31,6 +31,7 @@ from perf_model.features import COLUMNS, StepLoad, feature_row, load_of
 from perf_model.samples import CoverageStore, Sample, SampleFilter, SampleVerdict, bin_of
 from perf_model.step_timer import ProfileStepTimer
 from planner.discovery import Role
+from planner.errors import ConfigError
 from worker_shim.fpm import ForwardPassMetrics
 
 _Step = Callable[[StepLoad], float]
@@ -83,7 +84,7 @@ class PerfModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         )
         for ok, message in checks:
             if not ok:
-                raise msgspec.ValidationError(message)
+                raise ConfigError(f"perf model config: {message}")
 
 
 class StepTimeFit(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,7 +117,11 @@ def fit_step_time(
     magnitude and the SLA cares about ratios. A first fit finds residual outliers (beyond ``trim_mads`` median
     absolute deviations of the relative residual), which are dropped before the final fit."""
     if len(loads) != len(wall_ms) or len(loads) < 2:
-        raise ValueError("need at least two (load, wall_ms) pairs of equal length")
+        raise InvalidLoadError(
+            f"need at least two (load, wall_ms) pairs of equal length, got {len(loads)} and {len(wall_ms)}"
+        )
+    if not all(math.isfinite(w) and w > 0 for w in wall_ms):
+        raise InvalidLoadError("every wall_ms must be finite and positive")
     raw = np.asarray([feature_row(role, load) for load in loads], dtype=float)
     # Columns span 1 to ~1e9 (attention terms): scale each to at most 1 so the solver is well conditioned.
     scale = np.max(np.abs(raw), axis=0)

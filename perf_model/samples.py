@@ -21,6 +21,7 @@ import msgspec
 
 from perf_model.features import StepLoad, load_of, valid_load
 from planner.discovery import Role
+from planner.errors import ConfigError
 from worker_shim.fpm import ForwardPassMetrics
 
 __all__ = ["CoverageStore", "Sample", "SampleFilter", "SampleVerdict", "bin_of", "load_bins"]
@@ -65,7 +66,7 @@ class SampleFilter:
 
     def __init__(self, role: Role, *, warmup_steps: int = 16, outlier_factor: float = 3.0) -> None:
         if warmup_steps < 0 or not outlier_factor > 1.0:
-            raise ValueError("need warmup_steps >= 0 and outlier_factor > 1")
+            raise ConfigError(f"need warmup_steps >= 0 and outlier_factor > 1, got {warmup_steps}, {outlier_factor}")
         self.role = role
         self.warmup_steps = warmup_steps
         self.outlier_factor = outlier_factor
@@ -120,7 +121,7 @@ class CoverageStore:
 
     def __init__(self, role: Role, *, max_samples: int = 4096, per_bin: int = 64) -> None:
         if max_samples < 1 or per_bin < 1:
-            raise ValueError("need max_samples >= 1 and per_bin >= 1")
+            raise ConfigError(f"need max_samples >= 1 and per_bin >= 1, got {max_samples}, {per_bin}")
         self.role = role
         self.max_samples = max_samples
         self.per_bin = per_bin

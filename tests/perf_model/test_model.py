@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,7 +14,7 @@ from perf_model.samples import SampleVerdict
 from perf_model.step_timer import ProfileStepTimer
 from perf_model.synthetic import synthetic_loads, timed_samples
 from planner.discovery import Role
-from planner.errors import PlannerError
+from planner.errors import ConfigError, PlannerError
 from worker_shim.fpm import ForwardPassMetrics, ScheduledRequests
 
 
@@ -305,3 +306,25 @@ def test_a_role_asked_about_the_other_phase_answers_from_the_profile(
     bare.refit(now=0.0)
     estimate = bare.predict_ttft_ms(8192, 0, 8192)
     assert bare.ready and math.isfinite(estimate.upper_ms) and estimate.value_ms > 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("min_samples", 1),
+        ("outlier_factor", 1.0),
+        ("band_quantile", 1.0),
+        ("ttft_overhead_ms", -1.0),
+        ("max_samples", 0),
+    ],
+)
+def test_bad_config_is_a_config_error_naming_the_field(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        msgspec.structs.replace(PerfModelConfig(), **{field: value})
+
+
+def test_fit_refuses_bad_input() -> None:
+    with pytest.raises(InvalidLoadError):
+        fit_step_time(Role.DECODE, [(0.0, 0.0, 1.0, 10.0)], [5.0])
+    with pytest.raises(InvalidLoadError):
+        fit_step_time(Role.DECODE, [(0.0, 0.0, 1.0, 10.0)] * 2, [5.0, math.nan])
