@@ -4,6 +4,8 @@
   (the fleet simulator's engine clock).
 - :mod:`perf_model.profile`: reading a measured-profile directory.
 - :mod:`perf_model.api`: the :class:`PerfPredictor` protocol the decision core codes against.
+- :mod:`perf_model.model`: :class:`~perf_model.model.PerfModel`, the online model (import it from there: it
+  pulls in scikit-learn, which the simulator's engine clock does not need).
 """
 
 from __future__ import annotations
