@@ -19,7 +19,7 @@ from planner.errors import ConfigError
 from planner.sim.fleet import FleetConfig
 from planner.sim.metrics import PolicySummary, SlaConfig, TimelinePoint, summarize
 from planner.sim.policies import DynamoRulesPolicy, HpaQueuePolicy, OursPolicy
-from planner.sim.replay import Progress, feasible_mask, find_fixed_peak, run_oracle, run_policy
+from planner.sim.replay import OracleResult, Progress, feasible_mask, find_fixed_peak, run_oracle, run_policy
 from planner.sim.timing import StepTimer
 from planner.sim.traces import Trace
 
@@ -74,8 +74,13 @@ def compare(
     timer: StepTimer,
     predictors: Mapping[Role, PerfPredictor] | None = None,
     progress: Progress | None = None,
+    reuse: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run ``policies`` (names from :data:`POLICIES`) on ``trace``; returns the JSON document."""
+    """Run ``policies`` (names from :data:`POLICIES`) on ``trace``; returns the JSON document.
+
+    ``reuse``: an earlier document for the same trace and settings; the policies it holds that are not asked
+    for here are carried over (the oracle included, so a new "ours" configuration is compared without
+    recomputing the baselines)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ConfigError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
@@ -86,23 +91,41 @@ def compare(
     summaries: dict[str, PolicySummary] = {}
     timelines: dict[str, list[list[Any]]] = {}
     extra: dict[str, Any] = {}
-    oracle, oracle_out = run_oracle(
-        trace,
-        fleet_config=fc,
-        timer=timer,
-        sla=sla,
-        feasible=feasible,
-        window_s=settings.oracle_window_s,
-        max_replicas=settings.max_replicas * 4,
-        progress=progress,
-    )
+    carried: dict[str, PolicySummary] = {}
+    if reuse is not None:
+        _check_reuse(reuse, trace, settings)
+        for name, doc in reuse.get("policies", {}).items():
+            if name not in policies and name in POLICIES:
+                carried[name] = msgspec.convert(doc, PolicySummary)
+                timelines[name] = list(reuse.get("timelines", {}).get(name, []))
+                if name in reuse.get("details", {}):
+                    extra[name] = reuse["details"][name]
+    if "oracle" in carried and "oracle" in extra:
+        oracle = OracleResult(
+            window_s=float(extra["oracle"]["window_s"]),
+            replicas=[int(n) for n in extra["oracle"]["replicas"]],
+            gpu_hours=carried["oracle"].gpu_hours,
+            wall_s=0.0,
+        )
+        oracle_out = None
+    else:
+        oracle, oracle_out = run_oracle(
+            trace,
+            fleet_config=fc,
+            timer=timer,
+            sla=sla,
+            feasible=feasible,
+            window_s=settings.oracle_window_s,
+            max_replicas=settings.max_replicas * 4,
+            progress=progress,
+        )
     oracle_tl = [
         TimelinePoint(
             at_s=(i + 1) * oracle.window_s, replicas=n, ready=n, arrivals_per_s=0.0, ttft_p99_ms=None, itl_p99_ms=None
         )
         for i, n in enumerate(oracle.replicas)
     ]
-    if "oracle" in policies:
+    if "oracle" in policies and oracle_out is not None:
         summaries["oracle"] = summarize(
             oracle_out,
             sla,
@@ -202,6 +225,7 @@ def compare(
             notes=notes,
         )
         timelines[name] = _timeline_rows(res.timeline)
+    summaries = {**carried, **summaries}
     ordered = {p: msgspec.to_builtins(summaries[p]) for p in POLICIES if p in summaries}
     return {
         "trace": {
@@ -217,6 +241,20 @@ def compare(
         "timelines": timelines,
         "wall_s": time.perf_counter() - started,
     }
+
+
+def _check_reuse(reuse: Mapping[str, Any], trace: Trace, settings: CompareSettings) -> None:
+    got = reuse.get("trace", {})
+    if got.get("name") != trace.name or got.get("requests") != len(trace):
+        raise ConfigError(
+            f"--reuse document is for trace {got.get('name')!r} ({got.get('requests')} requests), "
+            f"not {trace.name!r} ({len(trace)} requests)"
+        )
+    ours = msgspec.to_builtins(settings)
+    theirs = dict(reuse.get("settings", {}))
+    for key in ("sla", "fleet", "oracle_window_s", "hpa_target_queue_per_replica", "dynamo_tick_s", "max_replicas"):
+        if theirs.get(key) != ours.get(key):
+            raise ConfigError(f"--reuse document was made with other settings ({key} differs)")
 
 
 def goals(s: Mapping[str, PolicySummary]) -> dict[str, bool | None]:

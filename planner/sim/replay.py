@@ -327,11 +327,13 @@ def find_fixed_peak(
     sla: SlaConfig,
     feasible: np.ndarray,
     start: int,
+    low: int = 1,
     max_replicas: int = 256,
     progress: Progress | None = None,
 ) -> tuple[int, RunResult]:
-    """Smallest constant replica count meeting the attainment target over the whole trace, searched from
-    ``start`` (down while met, up until met)."""
+    """Smallest constant replica count meeting the attainment target over the whole trace: ``start`` (doubled
+    until it meets the target) bounds it from above, then bisection down to ``low`` (attainment grows with the
+    count). Runs that cannot meet the target stop as soon as their misses exceed the allowance."""
     count = int(feasible.sum())
     allowed = math.floor(count * (1.0 - sla.attainment_target) + 1e-9)
 
@@ -352,20 +354,20 @@ def find_fixed_peak(
             return False, res
         return int((res.outcomes.met(sla) & feasible).sum()) >= count - allowed, res
 
-    n = max(1, start)
-    ok, res = attempt(n)
-    if ok:
-        best = res
-        while n > 1:
-            ok_down, res_down = attempt(n - 1)
-            if not ok_down:
-                break
-            n -= 1
-            best = res_down
-        return n, best
-    while n < max_replicas:
-        n += 1
-        ok, res = attempt(n)
-        if ok:
-            return n, res
-    return n, res
+    hi = max(1, start)
+    ok, best = attempt(hi)
+    lo = max(1, min(low, hi))
+    while not ok and hi < max_replicas:
+        lo = hi + 1
+        hi = min(max_replicas, hi * 2)
+        ok, best = attempt(hi)
+    if not ok:
+        return hi, best
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ok_mid, res_mid = attempt(mid)
+        if ok_mid:
+            hi, best = mid, res_mid
+        else:
+            lo = mid + 1
+    return hi, best

@@ -63,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--core-config", default=None, help="decision-core config (YAML) for ours")
     parser.add_argument("--no-traffic", action="store_true", help="do not give ours the router's request rate")
     parser.add_argument("--no-perf-model", action="store_true", help="ours without a predictor (threshold mode)")
+    parser.add_argument(
+        "--reuse",
+        default=None,
+        help="earlier --json output for the same trace and settings: carry over the policies not "
+        "asked for (the oracle included) instead of re-running them",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -133,8 +139,20 @@ def run(args: argparse.Namespace) -> int:
                 trace, arrival_s=trace.arrival_s[:n], isl=trace.isl[:n], osl=trace.osl[:n], hash_ids=trace.hash_ids[:n]
             )
         predictors = None if args.no_perf_model else profile_predictors(args.profile, settings)
+        reuse = None
+        if args.reuse:
+            try:
+                reuse = json.loads(Path(args.reuse).read_text())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot read --reuse {args.reuse}: {exc}") from exc
         doc = compare(
-            trace, policies, settings=settings, timer=timer, predictors=predictors, progress=_Bar(not args.quiet)
+            trace,
+            policies,
+            settings=settings,
+            timer=timer,
+            predictors=predictors,
+            progress=_Bar(not args.quiet),
+            reuse=reuse,
         )
     except PlannerError as exc:
         print(f"fpm-planner replay: {exc}", file=sys.stderr)

@@ -64,6 +64,37 @@ def test_replay_command_writes_every_policy_and_a_report(tmp_path: Path) -> None
     assert doc["details"]["ours"]["fpm_dropped"] == 0
     html = (tmp_path / "rep" / "index.html").read_text()
     assert html.count("<svg") == 4
+    # re-run only "ours" with another core config; the other policies are carried over
+    cfg = tmp_path / "core.yaml"
+    cfg.write_text("roles:\n  agg:\n    mode: threshold\n")
+    again = tmp_path / "again.json"
+    code = main(
+        [
+            "replay",
+            "--trace",
+            str(csv),
+            "--policy",
+            "ours",
+            "--reuse",
+            str(out),
+            "--core-config",
+            str(cfg),
+            "--json",
+            str(again),
+            "--cold-start-s",
+            "20",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    doc2 = json.loads(again.read_text())
+    assert set(doc2["policies"]) == {"ours", "fixed", "hpa", "dynamo", "oracle"}
+    assert doc2["policies"]["fixed"] == doc["policies"]["fixed"]
+    assert doc2["details"]["ours"]["modes"] == {"threshold": doc2["details"]["ours"]["modes"]["threshold"]}
+    # a document from another trace is refused
+    other = tmp_path / "other.csv"
+    write_azure(other, np.array([0.0, 1.0]), 10, 2)
+    assert main(["replay", "--trace", str(other), "--policy", "ours", "--reuse", str(out), "--quiet"]) == 2
 
 
 def test_replay_command_refuses_bad_input(tmp_path: Path, capsys: object) -> None:
