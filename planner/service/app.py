@@ -24,6 +24,16 @@ from planner.discovery import EngineCapacity, Role
 from planner.errors import ConfigError, LeaseError, PlannerError
 from planner.service.metrics import CONTENT_TYPE_LATEST
 from planner.service.runner import EndpointConflictError, PlannerRunner
+from planner.service.schemas import (
+    BoundsResponse,
+    DecisionsResponse,
+    ExplainResponse,
+    OutcomesResponse,
+    WhatIfResponse,
+    WorkersResponse,
+    install_schemas,
+    response,
+)
 
 __all__ = ["create_app"]
 
@@ -134,6 +144,8 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
 
+    install_schemas(app)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
@@ -186,13 +198,9 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
 
     # -- workers -----------------------------------------------------------------------------------------
 
-    @app.get("/v1/workers", tags=["workers"])
+    @app.get("/v1/workers", tags=["workers"], responses=response(WorkersResponse))
     async def list_workers() -> Response:
-        out = []
-        for wid, record in sorted(runner.workers.items()):
-            source = runner.worker_source(wid)
-            out.append({**msgspec.to_builtins(record), "source": source.source, "expires_at_s": source.expires_at_s})
-        return _json({"workers": out})
+        return _json(runner.worker_views())
 
     @app.put(
         "/v1/workers/{worker_id}",
@@ -232,31 +240,35 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
 
     # -- decisions ---------------------------------------------------------------------------------------
 
-    @app.get("/v1/decisions/latest", tags=["decisions"])
+    @app.get("/v1/decisions/latest", tags=["decisions"], responses=response(DecisionsResponse))
     async def latest_decisions() -> Response:
-        return _json({"decisions": list(runner.history.latest())})
+        return _json(DecisionsResponse(decisions=runner.history.latest()))
 
-    @app.get("/v1/decisions", tags=["decisions"])
+    @app.get("/v1/decisions", tags=["decisions"], responses=response(DecisionsResponse))
     async def list_decisions(
         role: Annotated[Role | None, Query(description="only this role")] = None,
         since: Annotated[float | None, Query(description="only decisions made after this Unix time (s)")] = None,
         limit: Annotated[int, Query(ge=1, le=5000)] = 100,
     ) -> Response:
         entries = runner.history.decisions(role=None if role is None else role.value, since_s=since, limit=limit)
-        return _json({"decisions": list(entries)})
+        return _json(DecisionsResponse(decisions=entries))
 
-    @app.get("/v1/decisions/{decision_id}/explain", tags=["decisions"], responses={404: {"description": "unknown"}})
+    @app.get(
+        "/v1/decisions/{decision_id}/explain",
+        tags=["decisions"],
+        responses={**response(ExplainResponse), 404: {"description": "unknown"}},
+    )
     async def explain_decision(decision_id: Annotated[int, Path(ge=1)]) -> Response:
         entry = runner.history.decision(decision_id)
         if entry is None:
             raise HTTPException(404, f"decision {decision_id} is unknown (or older than the history keeps)")
         return _json(runner.explain(entry))
 
-    @app.get("/v1/outcomes", tags=["decisions"])
+    @app.get("/v1/outcomes", tags=["decisions"], responses=response(OutcomesResponse))
     async def list_outcomes(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Response:
-        return _json({"outcomes": list(runner.history.outcomes(limit))})
+        return _json(OutcomesResponse(outcomes=runner.history.outcomes(limit)))
 
-    @app.post("/v1/what-if", tags=["decisions"])
+    @app.post("/v1/what-if", tags=["decisions"], responses=response(WhatIfResponse))
     async def what_if(body: WhatIfBody) -> Response:
         try:
             result = runner.what_if(body.model_dump(exclude_none=True))
@@ -266,7 +278,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
 
     # -- bounds ------------------------------------------------------------------------------------------
 
-    @app.get("/v1/bounds", tags=["bounds"])
+    @app.get("/v1/bounds", tags=["bounds"], responses=response(BoundsResponse))
     async def get_bounds() -> Response:
         return _json(runner.bounds())
 
@@ -274,7 +286,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         "/v1/bounds",
         tags=["bounds"],
         dependencies=authorized,
-        responses={401: {"description": "missing or wrong token"}},
+        responses={**response(BoundsResponse), 401: {"description": "missing or wrong token"}},
     )
     async def patch_bounds(body: BoundsPatch) -> Response:
         try:

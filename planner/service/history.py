@@ -11,11 +11,13 @@ from typing import Any
 
 import msgspec
 
+from planner.core.decision import Decision
+
 __all__ = ["DecisionEntry", "History", "OutcomeEntry"]
 
 
 class DecisionEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One role's decision at one tick. ``decision`` is the core's record, as plain data."""
+    """One service's decision at one tick, with the core's full record."""
 
     id: int
     tick: int
@@ -29,7 +31,7 @@ class DecisionEntry(msgspec.Struct, frozen=True, kw_only=True):
     action: str  # scale_up | scale_down | hold
     reasons: tuple[str, ...]
     summary: str  # the decision in words
-    decision: dict[str, Any]
+    decision: Decision  # the core's full record
 
 
 class OutcomeEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -51,6 +51,14 @@ from planner.ingest.subscriber import FpmSubscriber
 from planner.service.config import ServiceConfig
 from planner.service.history import DecisionEntry, History, OutcomeEntry
 from planner.service.metrics import PlannerMetrics
+from planner.service.schemas import (
+    BoundsResponse,
+    ExplainResponse,
+    RoleBoundsView,
+    WhatIfResponse,
+    WorkersResponse,
+    WorkerView,
+)
 from worker_shim.fpm import ForwardPassMetrics
 
 __all__ = [
@@ -264,6 +272,24 @@ class PlannerRunner:
     def workers(self) -> Mapping[str, WorkerRecord]:
         return self._workers
 
+    def worker_views(self) -> WorkersResponse:
+        views = []
+        for wid, record in sorted(self._workers.items()):
+            source = self.worker_source(wid)
+            views.append(
+                WorkerView(
+                    worker_id=wid,
+                    role=record.role.value,
+                    service=record.service,
+                    dp_size=record.dp_size,
+                    fpm_endpoints=record.fpm_endpoints,
+                    capacity=record.capacity,
+                    source=source.source,
+                    expires_at_s=source.expires_at_s,
+                )
+            )
+        return WorkersResponse(workers=tuple(views))
+
     def worker_source(self, worker_id: str) -> WorkerSource:
         expires = self.leases.expires_at(worker_id)
         return WorkerSource(
@@ -450,7 +476,7 @@ class PlannerRunner:
                 action=decision.action.value,
                 reasons=tuple(r.value for r in decision.reasons),
                 summary=decision.summary,
-                decision=msgspec.to_builtins(decision),
+                decision=decision,
             )
             self.history.add_decision(entry)
             self.metrics.observe_decision(
@@ -472,32 +498,32 @@ class PlannerRunner:
 
     # -- explain, what-if, bounds -------------------------------------------------------------------------
 
-    def explain(self, entry: DecisionEntry) -> dict[str, Any]:
+    def explain(self, entry: DecisionEntry) -> ExplainResponse:
         """A decision with its inputs, coverage, every pipeline stage (value and reason) and its outcomes."""
         decision = entry.decision
-        outcomes = [msgspec.to_builtins(o) for o in self.history.outcomes(limit=10_000) if o.decision_id == entry.id]
-        return {
-            "id": entry.id,
-            "core_id": decision.get("id"),
-            "tick": entry.tick,
-            "role": entry.role,
-            "service": entry.service,
-            "decided_at_s": entry.decided_at_s,
-            "leader": entry.leader,
-            "mode": decision.get("mode"),
-            "current": entry.current,
-            "recommended": entry.recommended,
-            "final": entry.final,
-            "action": entry.action,
-            "reasons": list(entry.reasons),
-            "summary": entry.summary,
-            "inputs": decision.get("inputs"),
-            "coverage": decision.get("coverage"),
-            "stages": decision.get("stages", []),
-            "outcomes": outcomes,
-        }
+        outcomes = tuple(o for o in self.history.outcomes(limit=10_000) if o.decision_id == entry.id)
+        return ExplainResponse(
+            id=entry.id,
+            core_id=decision.id,
+            tick=entry.tick,
+            role=entry.role,
+            service=entry.service,
+            decided_at_s=entry.decided_at_s,
+            leader=entry.leader,
+            mode=decision.mode.value,
+            current=entry.current,
+            recommended=entry.recommended,
+            final=entry.final,
+            action=entry.action,
+            reasons=entry.reasons,
+            summary=entry.summary,
+            inputs=decision.inputs,
+            coverage=decision.coverage,
+            stages=decision.stages,
+            outcomes=outcomes,
+        )
 
-    def what_if(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def what_if(self, request: Mapping[str, Any]) -> WhatIfResponse:
         """What the core would decide now under the given traffic, load or SLA; nothing is applied or kept."""
         now = self.now()
         observation = self.observe(self.subscriber.snapshot(now), self.status)
@@ -531,11 +557,7 @@ class PlannerRunner:
             config = CoreConfig(roles=roles, max_total_gpus=config.max_total_gpus)
         observation = msgspec.structs.replace(observation, traffic=traffic, load_override=overrides)
         _, decisions = step(self.core_state, observation, now, config, predictors=self.predictors)
-        return {
-            "applied": False,
-            "decided_at_s": time.time(),
-            "decisions": [msgspec.to_builtins(d) for d in decisions],
-        }
+        return WhatIfResponse(applied=False, decided_at_s=time.time(), decisions=decisions)
 
     def _measured_load(self, role: Role) -> RoleLoad:
         for decision in self.last_decisions.values():
@@ -550,20 +572,21 @@ class PlannerRunner:
                 )
         return RoleLoad()
 
-    def bounds(self) -> dict[str, Any]:
+    def bounds(self) -> BoundsResponse:
         bounds = self.core_config.bounds()
-        return {
-            "roles": {
-                role.value: {
-                    **msgspec.to_builtins(rb),
-                    "gpus_per_replica": self.core_config.role(role).gpus_per_replica,
-                }
+        return BoundsResponse(
+            roles={
+                role.value: RoleBoundsView(
+                    min_replicas=rb.min_replicas,
+                    max_replicas=rb.max_replicas,
+                    gpus_per_replica=self.core_config.role(role).gpus_per_replica,
+                )
                 for role, rb in sorted(bounds.roles.items())
             },
-            "max_total_gpus": bounds.max_total_gpus,
-        }
+            max_total_gpus=bounds.max_total_gpus,
+        )
 
-    def patch_bounds(self, patch: Mapping[str, Any]) -> dict[str, Any]:
+    def patch_bounds(self, patch: Mapping[str, Any]) -> BoundsResponse:
         """Merge ``patch`` (``roles.<role>.min_replicas|max_replicas``, ``max_total_gpus``) into the bounds
         the next tick uses. Raises ConfigError (nothing changed) when the result does not validate."""
         current = self.core_config.bounds()

@@ -13,6 +13,7 @@ from hypothesis.errors import Unsatisfiable
 from tests.service.support import AUTH, Served, make_config, serve
 
 schemathesis = pytest.importorskip("schemathesis")
+response_schema_conformance = schemathesis.checks.response_schema_conformance
 
 # /readyz answers 503 until the first tick completes: that is the readiness protocol, not a server error.
 EXCLUDED = {("get", "/readyz")}
@@ -31,11 +32,14 @@ def _fuzz_operation(served: Served, operation: Any, mode: Any) -> list[str]:
     @given(case=operation.as_strategy(generation_mode=mode), authorized=st.booleans())
     def run(case: Any, authorized: bool) -> None:
         response = case.call(base_url=served.base_url, headers=AUTH if authorized else None, timeout=10)
+        where = f"{case.method.upper()} {case.formatted_path} query={case.query} body={case.body!r}"
         if response.status_code >= 500:
-            failures.append(
-                f"{case.method.upper()} {case.formatted_path} query={case.query} body={case.body!r} -> "
-                f"{response.status_code} {response.text[:300]}"
-            )
+            failures.append(f"{where} -> {response.status_code} {response.text[:300]}")
+        elif response.status_code == 200:
+            try:  # a 200 answer matches the schema the spec publishes for it
+                case.validate_response(response, checks=[response_schema_conformance])
+            except (AssertionError, BaseExceptionGroup) as exc:  # one Failure, or a FailureGroup of them
+                failures.append(f"{where} -> 200 not as published: {str(exc)[:500]}")
 
     try:
         run()
