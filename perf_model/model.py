@@ -190,7 +190,15 @@ def _load_check(*values: float) -> None:
 
 
 class PerfModel:
-    """Implements :class:`perf_model.api.PerfPredictor` for engines of one role."""
+    """Implements :class:`perf_model.api.PerfPredictor` for engines of one role. Not thread-safe: one owner
+    (the planner's runner) feeds and asks it::
+
+        model = PerfModel(Role.DECODE, bootstrap=ProfileStepTimer.from_dir(profile_dir))
+        for received_at, sample in store.window(worker_id, dp_rank):
+            model.observe(sample, now=received_at)
+        model.maybe_refit(now)
+        model.predict_itl_ms(64, 64 * 3000).upper_ms
+    """
 
     def __init__(
         self, role: Role, *, bootstrap: ProfileStepTimer | None = None, config: PerfModelConfig | None = None
