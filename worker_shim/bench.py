@@ -290,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("need --reps >= 1, --requests >= 1, --prompt-tokens >= 1, --max-tokens >= 2")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_tiny_llama(Path(args.model_dir) if args.model_dir else Path(tmp) / "tiny-llama")
         result = asyncio.run(_bench(args, model_dir))
