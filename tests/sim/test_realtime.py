@@ -34,14 +34,12 @@ def test_actuator_scales_the_fleet_and_reports_status() -> None:
     )
     actuator = SimFleetActuator(replay)
     assert isinstance(actuator, Actuator)
-    replay._start_wall = clock.t  # started (without the thread): advance() is driven by hand below
     status = actuator.status()["sim-agg"]
     assert (status.desired, status.ready) == (1, 1)
     outcome = actuator.scale(ScaleRequest(service="sim-agg", replicas=3))
     assert outcome.kind is OutcomeKind.APPLIED and outcome.previous == 1
     assert actuator.status()["sim-agg"].ready == 1  # the new two are starting
-    clock.t += 3.0  # 30 simulated seconds at 10x
-    replay.advance(replay.sim_now())
+    replay.advance(30.0)  # driven by hand (start() would run it from a thread on the clock)
     assert actuator.status()["sim-agg"].ready == 3
     assert actuator.scale(ScaleRequest(service="sim-agg", replicas=3)).kind is OutcomeKind.UNCHANGED
     assert actuator.scale(ScaleRequest(service="sim-agg", replicas=999)).kind is OutcomeKind.OUT_OF_BOUNDS
@@ -74,9 +72,7 @@ def test_zmq_sink_publishes_real_fpm_a_subscriber_receives() -> None:
         sub.setsockopt(zmq.RCVTIMEO, 5000)
         sub.connect(record.fpm_endpoints[0])
         time.sleep(0.3)  # slow joiner: let the subscription reach the publisher
-        replay._start_wall = clock.t
-        clock.t += 5.0
-        replay.advance(replay.sim_now())
+        replay.advance(5.0)
         received = []
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
