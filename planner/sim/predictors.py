@@ -1,6 +1,7 @@
 """Perf models for "ours": perf_model's :class:`~perf_model.model.PerfModel` per role, bootstrapped from the
-measured profile. In replay the model also learns from the FPM samples the simulated engines publish
-(:class:`LearningSink` wraps the store sink), as it would in service.
+measured profile (the same profile the simulated engines are timed with). The replay does not feed it live
+samples: the service runner does not either (yet), and a bootstrapped model on the engines' own profile is the
+most favourable model SLA mode can get.
 """
 
 from __future__ import annotations
