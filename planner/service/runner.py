@@ -396,6 +396,16 @@ class PlannerRunner:
             self.tick_durations_s.append(duration_s)
             self.metrics.tick_duration_seconds.observe(duration_s)
 
+    def _not_ready_now(self) -> set[str]:
+        """Discovered workers a source with readiness (pods) reports not ready."""
+        out: set[str] = set()
+        for source in self.sources:
+            readiness = getattr(source, "readiness", None)
+            if readiness is None:
+                continue
+            out.update(wid for wid, ready in readiness(self.now()).items() if not ready and wid in self._workers)
+        return out
+
     def _feed_perf_models(self, now: float) -> None:
         """Offer the perf models every step sample stored since the last tick, then refit on their cadence.
         A model that fails is reported in diagnostics and left out of this tick (threshold mode)."""
@@ -430,14 +440,8 @@ class PlannerRunner:
 
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
         not_ready: dict[str, list[str]] = {}
-        for source in self.sources:
-            readiness = getattr(source, "readiness", None)
-            if readiness is None:
-                continue
-            for wid, ready in readiness(snapshot.now).items():
-                record = self._workers.get(wid)
-                if record is not None and not ready:
-                    not_ready.setdefault(record.service, []).append(wid)
+        for wid in self._not_ready_now():
+            not_ready.setdefault(self._workers[wid].service, []).append(wid)
         deployments = (
             {}
             if status is None
@@ -668,6 +672,7 @@ class PlannerRunner:
         now = self.now()
         snapshot = self.subscriber.snapshot(now)
         workers: list[dict[str, Any]] = []
+        not_ready = self._not_ready_now()
         for wid, record in sorted(self._workers.items()):
             source = self.worker_source(wid)
             ranks = []
@@ -704,7 +709,7 @@ class PlannerRunner:
                     "capacity": msgspec.to_builtins(record.capacity),
                     "ranks": ranks,
                     "drops": {str(k): v for k, v in drops.items() if v},
-                    **self._classification(wid, ranks),
+                    **self._classification(wid, ranks, not_ready),
                 }
             )
         services = self._service_counts(workers)
@@ -743,7 +748,7 @@ class PlannerRunner:
             },
         }
 
-    def _classification(self, worker_id: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    def _classification(self, worker_id: str, ranks: list[dict[str, Any]], not_ready: set[str]) -> dict[str, Any]:
         """The worker's classification and its cause, now (read off the live snapshot with the core's
         rules), and as the core's Coverage had it at the last tick (``at_last_tick``; None: not covered)."""
         record = self._workers.get(worker_id)
@@ -756,7 +761,9 @@ class PlannerRunner:
                     at_last_tick = {"classification": problem.status.value, "cause": problem.detail}
         missing = [r["dp_rank"] for r in ranks if not r["fresh"]]
         foreign = [r for r in ranks if r["endpoint_publishes_as"] not in (None, worker_id)]
-        if foreign:
+        if worker_id in not_ready:
+            classification, cause = "not_ready", "the deployment reports it not ready"
+        elif foreign:
             shown = ", ".join(repr(r["endpoint_publishes_as"]) for r in foreign)
             classification = "identity_not_synced"
             cause = f"its endpoint publishes under {shown}, not {worker_id!r}: identity not synced"

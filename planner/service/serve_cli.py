@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import uvicorn
@@ -19,7 +20,7 @@ from planner.service.config import ActuatorKind, ServiceConfig, load_config
 from planner.service.runner import PlannerRunner
 from planner.service.server import GracefulServer
 
-__all__ = ["add_arguments", "build_actuator", "run"]
+__all__ = ["add_arguments", "build_actuator", "build_runner", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,22 @@ def build_actuator(config: ServiceConfig) -> Actuator | None:
     raise ConfigError(f"actuator.kind: {kind.value} is only available in `fpm-planner demo`")
 
 
+def build_runner(config: ServiceConfig, env: Mapping[str, str]) -> tuple[PlannerRunner, Any]:
+    """The runner ``config`` describes, and the Kubernetes pieces (pod discovery, Lease elector; None without a
+    ``kubernetes`` section) the caller must ``start()`` before serving and ``stop()`` after."""
+    pieces: Any = None
+    if config.kubernetes is not None:
+        setup = importlib.import_module("planner.k8s.setup")  # only with a kubernetes section
+        pieces = setup.build_kubernetes(config.kubernetes, env)
+    runner = PlannerRunner(
+        config,
+        actuator=build_actuator(config),
+        elector=None if pieces is None else pieces.elector,
+        sources=() if pieces is None or pieces.discovery is None else (pieces.discovery,),
+    )
+    return runner, pieces
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = dict(os.environ)
@@ -54,18 +71,9 @@ def run(args: argparse.Namespace) -> int:
         env["FPM_PLANNER_HOST"] = args.host
     if args.port is not None:
         env["FPM_PLANNER_PORT"] = str(args.port)
-    pieces: Any = None
     try:
         config = load_config(args.config, env)
-        if config.kubernetes is not None:
-            setup = importlib.import_module("planner.k8s.setup")  # only with a kubernetes section
-            pieces = setup.build_kubernetes(config.kubernetes, env)
-        runner = PlannerRunner(
-            config,
-            actuator=build_actuator(config),
-            elector=None if pieces is None else pieces.elector,
-            sources=() if pieces is None or pieces.discovery is None else (pieces.discovery,),
-        )
+        runner, pieces = build_runner(config, env)
     except ConfigError as exc:
         print(f"fpm-planner serve: {exc}", file=sys.stderr)
         return 2

@@ -52,7 +52,13 @@ def serve(
     config: ServiceConfig, *, actuator: Actuator | None = None, elector: LeaderElector | None = None
 ) -> Iterator[Served]:
     """Run the planner service on a free port until the block ends."""
-    runner = PlannerRunner(config, actuator=actuator, elector=elector)
+    with serve_runner(PlannerRunner(config, actuator=actuator, elector=elector)) as served:
+        yield served
+
+
+@contextmanager
+def serve_runner(runner: PlannerRunner) -> Iterator[Served]:
+    """Run ``runner``'s service on a free port until the block ends."""
     app = create_app(runner)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -100,7 +100,8 @@ def test_samples_under_a_lapsed_id_are_dropped_as_unknown_worker(fast_leases: Se
 
         def dropped() -> bool:
             publisher.publish(0.01, STEP, QueuedRequests())
-            return int(served.http.get("/v1/diagnostics").json()["drops"]["unknown_worker"]) >= 5
+            workers = served.http.get("/v1/diagnostics").json()["workers"]
+            return bool(workers) and int(workers[0]["drops"].get("unknown_worker", 0)) >= 5
 
         wait_for(dropped)
         (worker,) = served.http.get("/v1/diagnostics").json()["workers"]
