@@ -72,6 +72,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_DEFERRED = "deferred"  # outcome kind: not sent because the API server's Retry-After has not passed
 _ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
@@ -159,6 +160,7 @@ class PlannerRunner:
         self.predictors: dict[Role, PerfPredictor] | None = dict(self.perf_models) or None
         self.perf_model_error: str | None = None
         self._fed_at: dict[tuple[str, int], float] = {}
+        self._retry_not_before: dict[str, float] = {}  # service -> monotonic time a Retry-After allows again
         self.last_observation: Observation | None = None
         self.last_decisions: dict[str, Decision] = {}
         self.traffic: dict[Role, Traffic] = {}  # set by whoever knows it (the demo's router); none by default
@@ -615,7 +617,15 @@ class PlannerRunner:
         """Send one scale request through the actuator (leader only) and record what became of it."""
         at_s = time.time()
         outcome: ScaleOutcome | None = None
-        if not self.is_leader:
+        not_before = self._retry_not_before.get(request.service)
+        wait_s = None if not_before is None else not_before - self.now()
+        if wait_s is not None and wait_s > 0:
+            kind, applied, message = (
+                _DEFERRED,
+                False,
+                f"not sent: the API server asked to retry after {wait_s:.1f} more s (Retry-After)",
+            )
+        elif not self.is_leader:
             kind, applied, message = (
                 OutcomeKind.NOT_LEADER.value,
                 False,
@@ -634,6 +644,10 @@ class PlannerRunner:
                 kind, applied, message = "error", False, f"{type(exc).__name__}: {exc}"
             else:
                 kind, applied, message = outcome.kind.value, outcome.applied, outcome.message
+                if outcome.retry_after_s is not None and outcome.retry_after_s > 0:
+                    self._retry_not_before[request.service] = self.now() + outcome.retry_after_s
+                else:
+                    self._retry_not_before.pop(request.service, None)
         entry = OutcomeEntry(
             id=self.history.next_outcome_id(),
             decision_id=decision_id,
@@ -648,7 +662,7 @@ class PlannerRunner:
         )
         self.history.add_outcome(entry)
         self.metrics.observe_outcome(kind)
-        if kind == "error" or (
+        if kind in ("error", _DEFERRED) or (
             outcome is not None
             and not outcome.applied
             and outcome.kind
