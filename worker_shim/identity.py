@@ -87,6 +87,7 @@ def _fpm_publisher_stats(self: Any) -> dict[str, Any]:
         "dropped_queue_full": stats.dropped_queue_full,
         "dropped_send": stats.dropped_send,
         "counter_id": stats.counter_id,
+        "step_read_errors": scheduler.fpm_errors,
     }
 
 

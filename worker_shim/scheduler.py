@@ -14,6 +14,7 @@ schedule no tokens run no forward pass and publish nothing; the heartbeat covers
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ from worker_shim.publisher import FpmPublisher, PublisherStats
 
 __all__ = ["FpmSchedulerMixin", "InstrumentedAsyncScheduler", "InstrumentedScheduler"]
 
+log = logging.getLogger(__name__)
+
 _WAITS_AS_DECODE = frozenset({RequestStatus.PREEMPTED, RequestStatus.WAITING_FOR_REMOTE_KVS})
 _MAX_IN_FLIGHT = 64  # scheduled outputs awaiting their update; more means vLLM dropped some (never in 0.32)
 
@@ -44,6 +47,7 @@ class FpmSchedulerMixin:
     _fpm_publisher: FpmPublisher
     _fpm_in_flight: dict[int, tuple[float, ScheduledRequests, QueuedRequests]]
     _fpm_last_end: float
+    fpm_errors: int  # steps whose numbers could not be read (no sample published for them)
     # Provided by vLLM's Scheduler.
     parallel_config: Any
     requests: dict[str, Any]
@@ -56,6 +60,7 @@ class FpmSchedulerMixin:
         dp_rank = int(self.parallel_config.data_parallel_index)
         self._fpm_in_flight = {}
         self._fpm_last_end = 0.0
+        self.fpm_errors = 0
         self._fpm_publisher = FpmPublisher(
             worker_id=config.worker_id,
             dp_rank=dp_rank,
@@ -71,11 +76,18 @@ class FpmSchedulerMixin:
         if output.total_num_scheduled_tokens > 0:
             if len(self._fpm_in_flight) >= _MAX_IN_FLIGHT:
                 self._fpm_in_flight.clear()
-            self._fpm_in_flight[id(output)] = (
-                started,
-                scheduled_requests(self._scheduled_entries(output)),
-                queued_requests(self._queued_entries()),
-            )
+            try:
+                step = (
+                    started,
+                    scheduled_requests(self._scheduled_entries(output)),
+                    queued_requests(self._queued_entries()),
+                )
+            except Exception:  # metrics must never break the engine's step; count, log the first, go on
+                self.fpm_errors += 1
+                if self.fpm_errors == 1:
+                    log.exception("FPM shim could not read this step (sample skipped; later ones counted only)")
+            else:
+                self._fpm_in_flight[id(output)] = step
         return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:

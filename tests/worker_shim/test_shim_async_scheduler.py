@@ -147,6 +147,7 @@ def test_driven_async_scheduler_publishes_every_step(scheduler_and_fpm: tuple[An
         scheduler.add_request(_request(req_id, length, max_tokens))
     steps = _drive_async(scheduler)
     assert steps > 0 and not scheduler.has_requests()
+    assert scheduler.fpm_errors == 0
 
     def active(c: FpmCollector) -> list[ForwardPassMetrics]:
         return [s for s in c.samples() if not s.is_heartbeat]

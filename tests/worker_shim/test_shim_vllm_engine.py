@@ -145,6 +145,7 @@ def test_publisher_dropped_nothing(cold: tuple[TinyEngine, FpmCollector]) -> Non
     stats = engine.run(engine.engine_core.call_utility_all_async(STATS_METHOD))
     assert sorted(s["dp_rank"] for s in stats) == list(range(engine.dp_size))
     assert all(s["dropped_queue_full"] == 0 and s["dropped_send"] == 0 for s in stats), stats
+    assert all(s["step_read_errors"] == 0 for s in stats), stats
     assert all(s["worker_id"] == engine.worker_id for s in stats)
 
 
