@@ -75,7 +75,10 @@ class History:
             self._by_id.pop(self._decisions[0].id, None)
         self._decisions.append(entry)
         self._by_id[entry.id] = entry
-        self._latest[entry.role] = entry
+
+    def set_latest(self, entries: Iterable[DecisionEntry]) -> None:
+        """The decisions of the last tick, one per service (a service no longer decided drops out)."""
+        self._latest = {entry.service: entry for entry in entries}
 
     def add_outcome(self, entry: OutcomeEntry) -> None:
         self._outcomes.append(entry)
@@ -84,7 +87,7 @@ class History:
         return self._by_id.get(decision_id)
 
     def latest(self) -> tuple[DecisionEntry, ...]:
-        return tuple(sorted(self._latest.values(), key=lambda e: e.role))
+        return tuple(sorted(self._latest.values(), key=lambda e: (e.role, e.service)))
 
     def decisions(
         self, *, role: str | None = None, since_s: float | None = None, limit: int = 100

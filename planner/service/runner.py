@@ -468,6 +468,7 @@ class PlannerRunner:
         leader = self.is_leader
         wall = time.time()
         tick = self.ticks + 1
+        entries: list[DecisionEntry] = []
         for decision in decisions:
             entry = DecisionEntry(
                 id=self.history.next_decision_id(),
@@ -485,6 +486,7 @@ class PlannerRunner:
                 decision=decision,
             )
             self.history.add_decision(entry)
+            entries.append(entry)
             self.metrics.observe_decision(
                 decision.role.value,
                 current=decision.current_replicas,
@@ -494,6 +496,9 @@ class PlannerRunner:
                 ttft_ms=decision.inputs.predicted_ttft_ms,
                 itl_ms=decision.inputs.predicted_itl_ms,
             )
+        self.history.set_latest(entries)
+        for entry in entries:
+            decision = entry.decision
             if decision.action != Action.HOLD:
                 request = ScaleRequest(
                     service=decision.service,
@@ -895,6 +900,8 @@ def _entry_brief(entry: DecisionEntry) -> dict[str, Any]:
     return {
         "id": entry.id,
         "role": entry.role,
+        "service": entry.service,
+        "action": entry.action,
         "decided_at_s": entry.decided_at_s,
         "current": entry.current,
         "recommended": entry.recommended,

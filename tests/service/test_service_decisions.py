@@ -199,3 +199,17 @@ def test_the_perf_model_learns_from_the_fleets_samples(service: Served) -> None:
         wait_for(learned)
         roles = service.http.get("/v1/diagnostics").json()["perf_model"]["roles"]
         assert roles["prefill"]["accepted"] == 0 and roles["agg"]["accepted"] == 0
+
+
+def test_latest_holds_one_decision_per_service_of_the_last_tick(service: Served) -> None:
+    for wid, svc in (("w-a", "decode-a"), ("w-b", "decode-b")):
+        body = registration([f"tcp://127.0.0.1:{free_port()}"], service=svc)
+        service.http.put(f"/v1/workers/{wid}", json=body, headers=AUTH).raise_for_status()
+
+    def latest_services() -> list[str]:
+        return [d["service"] for d in service.http.get("/v1/decisions/latest").json()["decisions"]]
+
+    wait_for(lambda: latest_services() == ["decode-a", "decode-b"])
+    service.http.delete("/v1/workers/w-b", headers=AUTH).raise_for_status()
+    wait_for(lambda: latest_services() == ["decode-a"])
+    assert [d["service"] for d in service.http.get("/v1/diagnostics").json()["latest_decisions"]] == ["decode-a"]
