@@ -310,7 +310,16 @@ def run_oracle(
         outcomes.finish_s[sl] = best.outcomes.finish_s[sl]
         outcomes.preemptions += best.outcomes.preemptions
     gpus = fleet_config.gpus_per_replica * roles
-    gpu_hours = sum(per_window) * window_s * gpus / 3600.0
+    # Every window counts in full except the last, which counts until its requests have finished (the other
+    # policies' GPU-hours also end when the fleet has drained).
+    seconds = [window_s] * len(per_window)
+    if per_window:
+        lo = bounds[len(per_window) - 1]
+        finished = outcomes.finish_s[lo:]
+        finished = finished[np.isfinite(finished)]
+        start = float(edges[len(per_window) - 1])
+        seconds[-1] = min(window_s, max(float(finished.max()) - start, 0.0)) if finished.size else 0.0
+    gpu_hours = sum(n * sec for n, sec in zip(per_window, seconds, strict=True)) * gpus / 3600.0
     if progress is not None:
         progress("oracle", 1.0)
     return (

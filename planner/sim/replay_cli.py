@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-mode", choices=[m.value for m in StartupMode], default=StartupMode.COLD.value)
     parser.add_argument("--cold-start-s", type=float, default=60.0)
     parser.add_argument("--restore-start-s", type=float, default=15.0)
+    parser.add_argument("--disaggregated", action="store_true", help="prefill + decode roles (KV transfer between)")
+    parser.add_argument("--kv-transfer-s", type=float, default=0.02)
     parser.add_argument("--tick-s", type=float, default=5.0, help="planner tick (ours)")
     parser.add_argument("--oracle-window-s", type=float, default=60.0)
     parser.add_argument("--hpa-target-queue", type=float, default=5.0, help="HPA: waiting requests per replica")
@@ -108,6 +110,8 @@ def settings_from_args(args: argparse.Namespace, overhead_s: float) -> CompareSe
         restore_start_s=args.restore_start_s,
         startup_mode=StartupMode(args.startup_mode),
         router=RouterKind(args.router),
+        disaggregated=args.disaggregated,
+        kv_transfer_s=args.kv_transfer_s,
     )
     return CompareSettings(
         sla=SlaConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, attainment_target=args.attainment),
