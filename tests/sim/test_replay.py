@@ -136,3 +136,22 @@ def test_oracle_uses_fewer_replicas_in_quiet_windows() -> None:
     assert oracle.replicas[1] > 2
     assert oracle.replicas[2] == 1
     assert np.isfinite(outcomes.ttft_s).all()
+
+
+def test_disaggregated_replay_runs_every_policy_on_prefill_and_decode(tmp_path: Path) -> None:
+    trace = synthetic_trace(rate_per_s=[(20.0, 5.0), (40.0, 20.0)], isl=1000, osl=30, seed=7)
+    csv = tmp_path / "trace.csv"
+    write_azure(csv, trace.arrival_s, 1000, 30)
+    out = tmp_path / "out.json"
+    code = main(
+        ["replay", "--trace", str(csv), "--disaggregated", "--json", str(out), "--cold-start-s", "20", "--quiet"]
+    )
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == {"ours", "fixed", "hpa", "dynamo", "oracle"}
+    assert doc["settings"]["fleet"]["disaggregated"] is True
+    assert doc["policies"]["ours"]["unfinished_requests"] == 0
+    # the planner decided for both roles every tick
+    modes = doc["details"]["ours"]["modes"]
+    ticks = sum(modes.values())
+    assert ticks % 2 == 0 and ticks >= 2 * len(doc["timelines"]["ours"])
