@@ -100,6 +100,9 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     history: HistoryConfig = HistoryConfig()
     actuator: ActuatorConfig = ActuatorConfig()
     perf_model: PerfModelSettings = PerfModelSettings()
+    # role -> the deployment's service name that role decides even while no worker of it is discovered
+    # (shorthand for core.roles.<role>.service, which wins when both are set)
+    services: dict[str, str] = {}
     core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
     kubernetes: dict[str, Any] | None = None  # pod discovery and leader election (planner.k8s.setup)
     auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused
@@ -107,6 +110,26 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def __post_init__(self) -> None:
         if self.discovery.max_ttl_s < self.discovery.default_ttl_s:
             raise ValueError("discovery.max_ttl_s must be >= discovery.default_ttl_s")
+        for role, service in self.services.items():
+            if role not in ("prefill", "decode", "agg"):
+                raise ValueError(f"services: unknown role {role!r} (expected agg, decode or prefill)")
+            if not service:
+                raise ValueError(f"services.{role}: the service name must not be empty")
+
+    def core_config_data(self) -> dict[str, Any]:
+        """The ``core`` section with ``services`` folded in as each role's ``service``."""
+        core = dict(self.core)
+        if self.services:
+            roles = dict(core.get("roles") or {})
+            for role, service in self.services.items():
+                given = roles.get(role)
+                if given is not None and not isinstance(given, dict):
+                    continue  # not a mapping: the core's validation names it
+                role_data = dict(given or {})
+                role_data.setdefault("service", service)
+                roles[role] = role_data
+            core["roles"] = roles
+        return core
 
 
 ENV_VARS: dict[str, tuple[str, ...]] = {

@@ -146,7 +146,7 @@ class PlannerRunner:
         self.last_tick_error: str | None = None
         self.status: Mapping[str, ServiceStatus] | None = None
         self.status_error: str | None = None
-        self.core_config: CoreConfig = load_core_config(config.core)
+        self.core_config: CoreConfig = load_core_config(config.core_config_data())
         self.core_state = CoreState()
         self.perf_models: dict[Role, PerfModel] = {}
         if config.perf_model.enabled:

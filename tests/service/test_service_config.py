@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.discovery import Role
 from planner.errors import ConfigError
 from planner.service.config import ActuatorKind, load_config
 from planner.service.runner import PlannerRunner
@@ -99,3 +100,40 @@ def test_a_missing_static_workers_file_is_a_config_error(tmp_path: Path) -> None
     config = load_config(None, {"FPM_PLANNER_WORKERS_FILE": str(tmp_path / "absent.yaml")})
     with pytest.raises(ConfigError, match=r"^discovery.static_file: cannot read workers file"):
         PlannerRunner(config)
+
+
+CHART_SHAPED = """
+http: {host: 0.0.0.0, port: 8080}
+tick_interval_s: 5
+discovery: {registration: true}
+services: {prefill: prefill, decode: vllm-decode}
+core: {roles: {decode: {min_replicas: 2}}}
+actuator:
+  kind: kubernetes
+  options: {namespace: llm, targets: [{service: decode, kind: dgd, name: vllm-disagg}]}
+kubernetes: {namespace: llm, pod_discovery: {enabled: true}}
+"""
+
+
+def test_the_helm_charts_config_shape_loads_and_services_name_each_roles_service(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, CHART_SHAPED), {})
+    assert config.services == {"prefill": "prefill", "decode": "vllm-decode"}
+    runner = PlannerRunner(config)  # no actuator, no cluster: only the core configuration matters here
+    assert runner.core_config.role(Role.DECODE).service == "vllm-decode"
+    assert runner.core_config.role(Role.DECODE).min_replicas == 2
+    assert runner.core_config.role(Role.PREFILL).service == "prefill"
+    assert runner.core_config.role(Role.AGG).service is None
+
+
+def test_core_roles_service_wins_over_services(tmp_path: Path) -> None:
+    path = write(tmp_path, "services: {decode: a}\ncore: {roles: {decode: {service: b}}}\n")
+    assert PlannerRunner(load_config(path, {})).core_config.role(Role.DECODE).service == "b"
+
+
+def test_services_name_known_roles(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "services: {router: r}\n"), {})
+    assert (
+        str(info.value)
+        == f"{tmp_path / 'planner.yaml'}: services: unknown role 'router' (expected agg, decode or prefill)"
+    )
