@@ -43,7 +43,7 @@ WorkerId = Annotated[
     Path(
         min_length=1,
         max_length=253,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:@+=~-]*$",
         description="The worker's registered id (the id its FPM samples carry)",
     ),
 ]
