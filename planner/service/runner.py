@@ -667,6 +667,7 @@ class PlannerRunner:
         )
         self.history.add_outcome(entry)
         self.metrics.observe_outcome(kind)
+        log.info("scale %s to %d (decision %s): %s %s", request.service, request.replicas, decision_id, kind, message)
         if kind in ("error", _DEFERRED) or (
             outcome is not None
             and not outcome.applied
