@@ -85,6 +85,7 @@ class PerfModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     enabled: bool = True
     profile_dir: str | None = None  # a measured profile to bootstrap from (ready at once); None: live only
+    max_samples_per_tick: PositiveInt = 4096  # samples offered per tick, the newest of every rank in equal shares
 
 
 class ActuatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -409,21 +409,28 @@ class PlannerRunner:
         return out
 
     def _feed_perf_models(self, now: float) -> None:
-        """Offer the perf models every step sample stored since the last tick, then refit on their cadence.
+        """Offer the perf models the step samples stored since the last tick — at most
+        ``perf_model.max_samples_per_tick``, the newest of every rank in equal shares (a model keeps a bounded,
+        load-binned store; a large fleet produces far more samples than it needs) — then refit on their cadence.
         A model that fails is reported in diagnostics and left out of this tick (threshold mode)."""
         if not self.perf_models:
             return
         fresh: dict[Role, list[ForwardPassMetrics]] = {}
         with self.subscriber.lock:
+            pending = []
             for key, window in self.store.iter_windows():
                 record = self._workers.get(key[0])
-                if record is None or not window:
-                    continue
+                if record is not None and window and window[-1][0] > self._fed_at.get(key, -1.0):
+                    pending.append((key, record.role, window))
+            share = max(1, self.config.perf_model.max_samples_per_tick // max(1, len(pending)))
+            for key, role, window in pending:
                 since = self._fed_at.get(key, -1.0)
-                if window[-1][0] <= since:
-                    continue
-                bucket = fresh.setdefault(record.role, [])
-                bucket.extend(sample for at, sample in window if at > since)
+                newest: list[ForwardPassMetrics] = []
+                for at, sample in reversed(window):
+                    if at <= since or len(newest) >= share:
+                        break
+                    newest.append(sample)
+                fresh.setdefault(role, []).extend(reversed(newest))  # in publishing order, as the model expects
                 self._fed_at[key] = window[-1][0]
         for key in [k for k in self._fed_at if k[0] not in self._workers]:
             del self._fed_at[key]
@@ -868,6 +875,7 @@ def _perf_brief(model: PerfModel) -> dict[str, Any]:
         "live_ready": status.live_ready,
         "not_ready_because": list(status.not_ready_because),
         "samples": status.samples,
+        "offered": sum(status.verdicts.values()),
         "accepted": status.accepted,
         "fits": status.fits,
     }

@@ -213,3 +213,24 @@ def test_latest_holds_one_decision_per_service_of_the_last_tick(service: Served)
     service.http.delete("/v1/workers/w-b", headers=AUTH).raise_for_status()
     wait_for(lambda: latest_services() == ["decode-a"])
     assert [d["service"] for d in service.http.get("/v1/diagnostics").json()["latest_decisions"]] == ["decode-a"]
+
+
+def test_the_perf_model_is_offered_at_most_its_per_tick_budget() -> None:
+    config = make_config()
+    config = msgspec.structs.replace(
+        config, perf_model=msgspec.structs.replace(config.perf_model, max_samples_per_tick=8)
+    )
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with serve(config) as served, FpmPublisher(worker_id="w-busy", endpoint=endpoint) as publisher:
+        served.http.put("/v1/workers/w-busy", json=registration([endpoint]), headers=AUTH).raise_for_status()
+
+        def offered() -> int:
+            for _ in range(200):  # far more samples per tick than the budget
+                publisher.publish(0.01, ScheduledRequests(num_decode_requests=4), QueuedRequests())
+            return int(served.http.get("/v1/diagnostics").json()["perf_model"]["roles"]["decode"]["offered"])
+
+        wait_for(lambda: offered() >= 24)
+        diag = served.http.get("/v1/diagnostics").json()
+        ticks, total = diag["ticks"], diag["perf_model"]["roles"]["decode"]["offered"]
+        assert 0 < total <= 8 * (ticks + 1)
+        assert diag["workers"][0]["ranks"][0]["samples"] > total  # the store kept more than the model was offered
