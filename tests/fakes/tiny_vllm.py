@@ -117,6 +117,15 @@ def _patched_environ(values: Mapping[str, str], remove: Sequence[str] = ()) -> I
                 os.environ[key] = value
 
 
+async def _cancel_pending() -> None:
+    """Cancel what vLLM's client left running on the loop (its output handlers) and let it finish."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class TinyEngine:
     """A real ``AsyncLLM`` on the tiny model, with the shim's scheduler unless ``scheduler_cls`` says otherwise.
 
@@ -216,6 +225,8 @@ class TinyEngine:
             with contextlib.suppress(Exception):
                 self.run(asyncio.sleep(0), timeout_s=5)
             llm.shutdown()
+            with contextlib.suppress(Exception):
+                self.run(_cancel_pending(), timeout_s=10)
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)

@@ -198,8 +198,10 @@ def test_after_sync_every_rank_publishes_the_registered_id(restored: Restored) -
 
 
 def test_planner_store_holds_every_rank_only_after_the_sync(restored: Restored) -> None:
-    """Runs after the sync above: the store that held nothing of this worker now holds every rank, fresh."""
+    """The store that held nothing of this worker before the sync (test above) holds every rank after it."""
     dp = restored.engine.dp_size
+    restored.engine.run(sync_worker_id(restored.engine.engine_core, RESTORED_ID, timeout_s=30.0))  # idempotent
+    restored.engine.generate(_prompts(), MAX_TOKENS)
 
     def all_ranks_active() -> bool:
         snap = restored.snapshot_now()
