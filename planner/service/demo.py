@@ -203,5 +203,8 @@ def run(args: argparse.Namespace) -> int:
     except PlannerError as exc:
         print(f"fpm-planner demo: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the server took over the signal: the fleet is stopped already
+        print("fpm-planner demo: stopped", flush=True)
+        return 0
     finally:
         sock.close()
