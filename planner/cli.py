@@ -21,6 +21,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "perf-model": ("perf_model.bench", "perf model accuracy on the measured H200 profile"),
     "shim": ("worker_shim.bench", "worker shim overhead in a real vLLM CPU engine"),
     "replay": ("planner.sim.bench", "replay speed of a one-hour trace"),
+    "service": ("planner.service.bench", "planner service: HTTP API and tick with a large registered fleet"),
 }
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("planner.sim.replay_cli", "replay a request trace against the planner and baselines"),
@@ -65,6 +66,13 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while a command is still importing: no traceback
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(args_list)
     args = parser.parse_args(args_list)

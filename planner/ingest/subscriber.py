@@ -126,7 +126,11 @@ class FpmSubscriber:
     def poll_once(self, timeout_ms: int = 100) -> int:
         """Wait up to ``timeout_ms`` and ingest whatever is ready; returns the number of messages received."""
         if self._pending_workers is not None:
-            self._apply_endpoints()
+            try:
+                self._apply_endpoints()
+            except Exception:  # e.g. out of file descriptors: counted, retried on the next discovery change
+                self.loop_errors += 1
+                log.exception("cannot follow the discovered FPM endpoints")
         received = 0
         try:
             ready = self._poller.poll(timeout_ms)

@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
-import zmq
 
 from perf_model.api import PerfPredictor
 from perf_model.model import PerfModel
@@ -126,11 +125,8 @@ class PlannerRunner:
         self.metrics = PlannerMetrics()
         self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
         self.store = FleetStore(ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size)
-        # A context of our own: each endpoint costs three ZMQ sockets (SUB, its monitor, the monitor's peer), and
-        # the default limit of 1023 sockets per context would cap the fleet at 341 endpoints.
-        self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._zmq.set(zmq.MAX_SOCKETS, self._zmq.get(zmq.SOCKET_LIMIT))
-        self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes, context=self._zmq)
+        # The subscriber owns its ZMQ context, with the socket limit raised for large fleets.
+        self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes)
         self.leases = LeaseRegistry(default_ttl_s=config.discovery.default_ttl_s, max_ttl_s=config.discovery.max_ttl_s)
         self.static: StaticFileDiscovery | None = None
         if config.discovery.static_file is not None:
@@ -327,7 +323,6 @@ class PlannerRunner:
                 await task
         self._tasks = []
         await asyncio.to_thread(self.subscriber.close)
-        self._zmq.destroy(linger=0)
         self._running = False
 
     @property
