@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from perf_model.api import LatencyEstimate, PerfPredictor
+from perf_model.api import LatencyEstimate, PerfPredictor, StepPredictor
 from perf_model.errors import InvalidLoadError, ModelNotReadyError, ProfileError
 from perf_model.profile import DecodePoint, MeasuredProfile, PrefillPoint, load_profile
 from perf_model.step_timer import ProfileStepTimer, StepTimerParams
@@ -25,6 +25,7 @@ __all__ = [
     "PrefillPoint",
     "ProfileError",
     "ProfileStepTimer",
+    "StepPredictor",
     "StepTimerParams",
     "load_profile",
 ]
