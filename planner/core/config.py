@@ -239,6 +239,10 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     pending_timeout_s: float = 300.0
     # SLA mode: predictions must be at most (1 - headroom_frac) x target, on top of the model's upper band.
     headroom_frac: float = 0.0
+    # SLA mode: the ITL check's own headroom (None: headroom_frac). The models predict the MEAN ITL of an engine's
+    # sequences while the SLA is per request: the spread of request ITLs around that mean (a short request
+    # decoding through a long prompt's chunks) is ITL-specific, so it gets its own margin.
+    itl_headroom_frac: float | None = None
 
     def __post_init__(self) -> None:
         _need(
@@ -248,6 +252,10 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         _need(self.gpus_per_replica >= 0, f"gpus_per_replica must be >= 0, got {self.gpus_per_replica}")
         _finite_nonneg("pending_timeout_s", self.pending_timeout_s)
         _need(0 <= self.headroom_frac < 1, f"headroom_frac must be in [0, 1), got {self.headroom_frac!r}")
+        _need(
+            self.itl_headroom_frac is None or 0 <= self.itl_headroom_frac < 1,
+            f"itl_headroom_frac must be in [0, 1), got {self.itl_headroom_frac!r}",
+        )
 
     @property
     def bounds(self) -> RoleBounds:

@@ -289,6 +289,7 @@ def recommend_sla(
     sla: SlaTargets,
     headroom_frac: float,
     search_max: int,
+    itl_headroom_frac: float | None = None,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring)."""
     dp = max(rec.dp_per_replica, 1)
@@ -310,7 +311,7 @@ def recommend_sla(
     check_ttft = role in (Role.PREFILL, Role.AGG)
     check_itl = role in (Role.DECODE, Role.AGG)
     ttft_limit = sla.ttft_ms * (1.0 - headroom_frac)
-    itl_limit = sla.itl_ms * (1.0 - headroom_frac)
+    itl_limit = sla.itl_ms * (1.0 - (headroom_frac if itl_headroom_frac is None else itl_headroom_frac))
     kv_per_request = load.decode_kv_tokens / load.decode_requests if load.decode_requests > 0 else isl
     # Prefill throughput of one engine (tokens/s) from the time of one full chunk.
     chunk_ms = predictor.predict_ttft_ms(float(mnbt), 0.0, mnbt).value_ms if rate else 0.0

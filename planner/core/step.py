@@ -108,7 +108,16 @@ def _recommend(
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
         search_max = max(rc.max_replicas, current, 1) * 4
         return recommend_sla(
-            role, current, recon, load, traffic, predictor, rc.sla, rc.headroom_frac, search_max
+            role,
+            current,
+            recon,
+            load,
+            traffic,
+            predictor,
+            rc.sla,
+            rc.headroom_frac,
+            search_max,
+            itl_headroom_frac=rc.itl_headroom_frac,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)

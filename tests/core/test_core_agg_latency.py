@@ -14,7 +14,7 @@ import pytest
 from perf_model.api import StepPredictor
 from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
-from planner.core.config import SlaTargets
+from planner.core.config import CoreConfigError, RoleConfig, SlaTargets, load_config
 from planner.core.decision import Coverage, Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
 from planner.core.recommend import predict_agg_latency, recommend_sla
@@ -244,3 +244,24 @@ def test_recommended_agg_replicas_meet_itl_in_the_simulated_engine(
             kv_capacity_tokens=ENGINE.kv_capacity_tokens,
         )
         assert fewer.itl_ms > 50.0 or fewer.ttft_ms > 2000.0
+
+
+def test_itl_headroom_tightens_only_the_itl_check(model: PerfModel) -> None:
+    traffic = Traffic(request_rate_per_s=35.0, isl_tokens=8000, osl_tokens=150)
+    sla = SlaTargets(ttft_ms=2000, itl_ms=50)
+    base = recommend_sla(Role.AGG, 4, _reconciled(4), RoleLoad(), traffic, model, sla, 0.0, 256)
+    tight = recommend_sla(Role.AGG, 4, _reconciled(4), RoleLoad(), traffic, model, sla, 0.0, 256, itl_headroom_frac=0.6)
+    assert tight.replicas > base.replicas
+    assert tight.predicted_itl_ms is not None and tight.predicted_itl_ms <= 0.4 * 50
+    # The same margin given to both checks (headroom_frac) also caps TTFT at 40 % of its target.
+    both = recommend_sla(Role.AGG, 4, _reconciled(4), RoleLoad(), traffic, model, sla, 0.6, 256)
+    assert both.predicted_ttft_ms is not None and both.predicted_ttft_ms <= 0.4 * 2000
+    assert both.replicas >= tight.replicas
+
+
+def test_itl_headroom_is_validated() -> None:
+    with pytest.raises(CoreConfigError, match="itl_headroom_frac"):
+        RoleConfig(itl_headroom_frac=1.0)
+    with pytest.raises(CoreConfigError, match="itl_headroom_frac"):
+        load_config({"roles": {"agg": {"itl_headroom_frac": -0.1}}})
+    assert RoleConfig(itl_headroom_frac=0.5).itl_headroom_frac == 0.5
