@@ -24,6 +24,7 @@ import random
 import statistics
 import time
 
+from planner.bench.percentile import nearest_rank
 from planner.core import CoreConfig, CoreState, DeploymentStatus, Observation, RoleConfig, Traffic, step
 from planner.discovery import EngineCapacity, Role, WorkerRecord
 from planner.ingest.store import FleetStore
@@ -40,12 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval-s", type=float, default=5.0, help="simulated tick interval (default 5)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON line (the default output anyway)")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,13 +132,13 @@ def run(args: argparse.Namespace) -> int:
                 "engines": args.workers * args.dp,
                 "ticks": args.ticks,
                 "tick_ms_p50": round(statistics.median(tick_ms), 3),
-                "tick_ms_p99": round(_percentile(tick_ms, 0.99), 3),
+                "tick_ms_p99": round(nearest_rank(tick_ms, 0.99), 3),
                 "tick_cpu_ms_p50": round(statistics.median(cpu_ms), 3),
-                "tick_cpu_ms_p99": round(_percentile(cpu_ms, 0.99), 3),
+                "tick_cpu_ms_p99": round(nearest_rank(cpu_ms, 0.99), 3),
                 "snapshot_ms_p50": round(statistics.median(snap_ms), 3),
-                "snapshot_ms_p99": round(_percentile(snap_ms, 0.99), 3),
+                "snapshot_ms_p99": round(nearest_rank(snap_ms, 0.99), 3),
                 "tick_with_snapshot_ms_p50": round(statistics.median(both), 3),
-                "tick_with_snapshot_ms_p99": round(_percentile(both, 0.99), 3),
+                "tick_with_snapshot_ms_p99": round(nearest_rank(both, 0.99), 3),
                 "measured": "tick_ms: Observation + step(); snapshot_ms: FleetStore.snapshot()",
             }
         )

@@ -22,6 +22,7 @@ from functools import partial
 import httpx
 import uvicorn
 
+from planner.bench.percentile import nearest_rank
 from planner.service.app import create_app
 from planner.service.config import load_config
 from planner.service.runner import PlannerRunner
@@ -36,11 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp-size", type=int, default=8, help="DP ranks per worker (default 8)")
     parser.add_argument("--ticks", type=int, default=20, help="ticks to time (default 20)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _timed(call: Callable[[], httpx.Response]) -> tuple[float, httpx.Response]:
@@ -94,13 +90,13 @@ def run(args: argparse.Namespace) -> int:
                 "workers": args.workers,
                 "ranks": ranks,
                 "register_ms_p50": round(statistics.median(register_ms), 2),
-                "register_ms_p99": round(_pct(register_ms, 0.99), 2),
+                "register_ms_p99": round(nearest_rank(register_ms, 0.99), 2),
                 "renew_ms_p50": round(statistics.median(renew_ms), 2),
-                "renew_ms_p99": round(_pct(renew_ms, 0.99), 2),
+                "renew_ms_p99": round(nearest_rank(renew_ms, 0.99), 2),
                 "tick_ms_p50": round(statistics.median(ticks_ms), 2),
-                "tick_ms_p99": round(_pct(ticks_ms, 0.99), 2),
+                "tick_ms_p99": round(nearest_rank(ticks_ms, 0.99), 2),
                 "diagnostics_ms_p50": round(statistics.median(diag_ms), 2),
-                "diagnostics_ms_p99": round(_pct(diag_ms, 0.99), 2),
+                "diagnostics_ms_p99": round(nearest_rank(diag_ms, 0.99), 2),
                 "diagnostics_bytes": len(diag[-1][1].content),
                 "decisions_latest_ms_p50": round(statistics.median(latest_ms), 2),
                 "workers_list_ms_p50": round(statistics.median(workers_ms), 2),

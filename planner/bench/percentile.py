@@ -1,0 +1,17 @@
+"""The percentile the benchmarks report: nearest rank over the sorted figures (no interpolation)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["nearest_rank"]
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The value at rank ``round(q * (n - 1))`` of the sorted ``values``; ``q`` in [0, 1], ``values`` non-empty."""
+    if not values:
+        raise ValueError("no values to take a percentile of")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
