@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from planner.discovery import Role, WorkerRecord
+from planner.ingest.native import NATIVE_UNAVAILABLE, ReceivePath, native_drain
 from planner.ingest.store import DropReason, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from worker_shim import fpm
@@ -35,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--publishers", type=int, default=64, help="number of publishers (default 64)")
     parser.add_argument("--samples", type=int, default=8000, help="samples per publisher (default 8000)")
     parser.add_argument("--window", type=int, default=256, help="FleetStore window per rank (default 256)")
+    parser.add_argument(
+        "--receive-path",
+        choices=("auto", "native", "pyzmq"),
+        default="auto",
+        help="the subscriber's receive path: the C batch drain, pyzmq's recv_multipart, or the best built (default)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
 
 
@@ -102,7 +109,7 @@ def _publish(publishers: int, samples: int, conn: Connection) -> None:
     ctx.term()
 
 
-def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
+def measure(publishers: int, samples: int, window: int, receive_path: ReceivePath = "auto") -> dict[str, Any]:
     """Run the publishers in a child process and ingest here; returns the figures."""
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=_publish, args=(publishers, samples, child), daemon=True)
@@ -114,7 +121,7 @@ def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
     }
     store = FleetStore(ttl_s=30.0, window_size=window)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sub = FpmSubscriber(store, context=ctx, rcvhwm=samples + 1000)
+    sub = FpmSubscriber(store, context=ctx, rcvhwm=samples + 1000, receive_path=receive_path)
     sub.set_workers(workers)
     deadline = time.monotonic() + 60
     while any(store.rank_view(w, 0, 0.0).heartbeats == 0 for w in workers):
@@ -156,6 +163,7 @@ def measure(publishers: int, samples: int, window: int) -> dict[str, Any]:
     return {
         "bench": "ingest",
         "publishers": publishers,
+        "receive_path": sub.receive_path,
         "samples_sent": expected,
         "samples_stored": stored,
         "dropped": expected - stored,
@@ -177,5 +185,8 @@ def run(args: argparse.Namespace) -> int:
         print("fpm-planner bench ingest: --publishers, --samples and --window must be >= 1", file=sys.stderr)
         return 2
     _pin(0)  # the subscriber on one core, the publishers' process on the other
-    print(json.dumps(measure(args.publishers, args.samples, args.window)))
+    if args.receive_path == "native" and native_drain() is None:
+        print(f"fpm-planner bench ingest: no native receive path: {NATIVE_UNAVAILABLE}", file=sys.stderr)
+        return 2
+    print(json.dumps(measure(args.publishers, args.samples, args.window, args.receive_path)))
     return 0

@@ -3,8 +3,9 @@
 One ZMQ SUB socket per discovered endpoint (so every message is attributed to the endpoint it came from), all
 polled by one thread. Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket
 for disconnects, after which it reconnects (libzmq does not after an oversized message). Ready sockets are drained
-in batches; the store is updated under a lock that readers (:meth:`FpmSubscriber.snapshot`) share. Nothing raises
-out of the receive loop: a failure is counted in :attr:`FpmSubscriber.loop_errors` and the loop goes on.
+in batches, by the C drain of :mod:`planner.ingest.native` where it is built (``receive_path``); the store is
+updated under a lock that readers (:meth:`FpmSubscriber.snapshot`) share. Nothing raises out of the receive
+loop: a failure is counted in :attr:`FpmSubscriber.loop_errors` and the loop goes on.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Literal
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from planner.discovery import WorkerRecord
-from planner.ingest.store import FleetSnapshot, FleetStore
+from planner.ingest.native import NATIVE_UNAVAILABLE, Drain, ReceivePath, drain_pyzmq, native_drain
+from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
+from worker_shim import fpm
 
 __all__ = ["FpmSubscriber"]
 
@@ -38,8 +42,15 @@ class FpmSubscriber:
         rcvhwm: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        receive_path: ReceivePath = "auto",
     ) -> None:
         self.store = store
+        native = native_drain()
+        if receive_path == "native" and native is None:
+            raise RuntimeError(f"the native FPM receive path is unavailable: {NATIVE_UNAVAILABLE}")
+        self._drain_socket: Drain = native if native is not None and receive_path != "pyzmq" else drain_pyzmq
+        #: ``"native"`` (the C batch drain) or ``"pyzmq"`` (``recv_multipart``); both ingest the same way.
+        self.receive_path: Literal["native", "pyzmq"] = "native" if self._drain_socket is native else "pyzmq"
         self.max_msg_bytes = max_msg_bytes
         self.rcvhwm = rcvhwm
         self.clock = clock
@@ -154,20 +165,23 @@ class FpmSubscriber:
         return received
 
     def _drain(self, sock: zmq.Socket[bytes], endpoint: str) -> int:
-        batch: list[list[bytes]] = []
-        recv = sock.recv_multipart
-        try:
-            for _ in range(_BATCH):
-                batch.append(recv(zmq.NOBLOCK))
-        except zmq.Again:
-            pass
-        if batch:
+        payloads, bad = self._drain_socket(sock, _BATCH)
+        if payloads or bad:
             received_at = self.clock()
-            ingest = self.store.ingest_frames
+            store = self.store
+            ingest = store.ingest
+            decode = fpm.decode
             with self.lock:
-                for parts in batch:
-                    ingest(endpoint, parts, received_at, received_at)
-        return len(batch)
+                if bad:
+                    store.drop(DropReason.BAD_FRAME, endpoint, bad)
+                for payload in payloads:
+                    try:
+                        sample = decode(payload)
+                    except fpm.FpmDecodeError:
+                        store.drop(DropReason.DECODE_ERROR, endpoint)
+                        continue
+                    ingest(endpoint, sample, received_at, received_at)
+        return len(payloads) + bad
 
     def _drain_monitor(self, monitor: zmq.Socket[bytes], endpoint: str) -> None:
         while True:

@@ -11,6 +11,8 @@ import pytest
 import zmq
 
 from planner.discovery import LeaseRegistry, WorkerRecord
+from planner.ingest import native
+from planner.ingest.native import ReceivePath
 from planner.ingest.store import DropReason, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from worker_shim import fpm
@@ -107,9 +109,13 @@ def test_only_discovered_workers_are_kept_and_leavers_are_dropped(ctx: zmq.Conte
             p.close()
 
 
-def test_garbage_on_the_wire_is_dropped_counted_and_the_loop_survives(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+@pytest.mark.parametrize("path", ["native", "pyzmq"])
+def test_garbage_on_the_wire_is_dropped_counted_and_the_loop_survives(
+    ctx: zmq.Context[zmq.Socket[bytes]], path: ReceivePath
+) -> None:
     store = FleetStore(ttl_s=5.0)
-    sub = FpmSubscriber(store, context=ctx, max_msg_bytes=4096)
+    sub = FpmSubscriber(store, context=ctx, max_msg_bytes=4096, receive_path=path)
+    assert sub.receive_path == path
     raw = ctx.socket(zmq.PUB)
     port = raw.bind_to_random_port("tcp://127.0.0.1")
     endpoint = f"tcp://127.0.0.1:{port}"
@@ -156,9 +162,12 @@ def test_garbage_on_the_wire_is_dropped_counted_and_the_loop_survives(ctx: zmq.C
         raw.close()
 
 
-def test_a_publisher_restart_on_the_same_endpoint_is_detected(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+@pytest.mark.parametrize("path", ["native", "pyzmq"])
+def test_a_publisher_restart_on_the_same_endpoint_is_detected(
+    ctx: zmq.Context[zmq.Socket[bytes]], path: ReceivePath
+) -> None:
     store = FleetStore(ttl_s=5.0)
-    sub = FpmSubscriber(store, context=ctx)
+    sub = FpmSubscriber(store, context=ctx, receive_path=path)
     first = FpmPublisher(worker_id="w", endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.01, context=ctx).start()
     endpoint = first.bound_endpoint or ""
     sub.set_workers({"w": record("w", endpoint)})
@@ -200,3 +209,95 @@ def test_a_subscriber_follows_more_endpoints_than_a_default_context_allows() -> 
         assert len(sub.endpoints) == 400
     finally:
         sub.close()
+
+
+@pytest.mark.parametrize("path", ["native", "pyzmq"])
+def test_a_malformed_message_costs_only_itself_not_its_neighbours(
+    ctx: zmq.Context[zmq.Socket[bytes]], path: ReceivePath
+) -> None:
+    """Each message is read to its last frame, so a short or long one between good ones never shifts the rest."""
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store, context=ctx, receive_path=path)
+    raw = ctx.socket(zmq.PUB)
+    endpoint = f"tcp://127.0.0.1:{raw.bind_to_random_port('tcp://127.0.0.1')}"
+    sub.set_workers({"w": record("w", endpoint)})
+    try:
+        counter = iter(range(10**6))
+
+        def good() -> list[bytes]:
+            return list(fpm.frames(fpm.heartbeat("w", 0, next(counter))))
+
+        def joined() -> bool:
+            raw.send_multipart(good())
+            return store.rank_view("w", 0, 0.0).heartbeats > 0
+
+        pump(sub, joined)
+        while sub.poll_once(50):  # every join probe in, before counting
+            pass
+        before = store.rank_view("w", 0, 0.0)
+        base = before.heartbeats
+        seq = (0).to_bytes(8, "big")
+        malformed = [[b"w"], [b"w", seq], [b"w", seq, b"", b"", b""], [b""] * 7]
+        for bad in malformed:
+            raw.send_multipart(good())
+            raw.send_multipart(bad)
+        raw.send_multipart(good())
+        pump(sub, lambda: store.rank_view("w", 0, 0.0).heartbeats >= base + 5)
+        for _ in range(5):
+            sub.poll_once(10)
+        view = store.rank_view("w", 0, 0.0)
+        assert view.heartbeats == base + 5
+        assert store.drops[DropReason.BAD_FRAME] == len(malformed)
+        assert view.gaps == before.gaps and store.drops[DropReason.DECODE_ERROR] == 0
+    finally:
+        sub.close()
+        raw.close()
+
+
+def test_the_native_drain_is_built_and_used_by_default() -> None:
+    """The C drain is the ingest path that meets the throughput target; a build that lost it must not pass."""
+    assert native.RECEIVE_PATH == "native", native.NATIVE_UNAVAILABLE
+    sub = FpmSubscriber(FleetStore())
+    try:
+        assert sub.receive_path == "native"
+    finally:
+        sub.close()
+
+
+def test_the_native_drain_reads_at_most_its_batch_and_keeps_order(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    drain = native.native_drain()
+    assert drain is not None, native.NATIVE_UNAVAILABLE
+    push = ctx.socket(zmq.PUSH)
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        sent = [bytes([i]) * (i + 1) for i in range(10)]
+        for payload in sent:
+            push.send_multipart([b"t", (7).to_bytes(8, "big"), payload])
+        push.send_multipart([b"t"])
+        deadline = time.monotonic() + 10
+        while not pull.poll(10) and time.monotonic() < deadline:
+            pass
+        time.sleep(0.2)  # let the I/O thread queue everything
+        first, bad = drain(pull, 4)
+        assert first == sent[:4] and bad == 0
+        rest, bad = drain(pull, 100)
+        assert rest == sent[4:] and bad == 1
+        assert drain(pull, 100) == ([], 0)  # dry: EAGAIN is not an error
+        assert drain(pull, 100) == native.drain_pyzmq(pull, 100)
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+
+
+def test_the_native_drain_raises_zmq_errors_other_than_eagain(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    drain = native.native_drain()
+    assert drain is not None, native.NATIVE_UNAVAILABLE
+    pub = ctx.socket(zmq.PUB)  # a PUB socket cannot receive: libzmq answers ENOTSUP
+    try:
+        with pytest.raises(zmq.ZMQError) as err:
+            drain(pub, 10)
+        assert err.value.errno == zmq.ENOTSUP
+    finally:
+        pub.close(linger=0)
