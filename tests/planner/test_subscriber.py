@@ -54,6 +54,37 @@ def record(worker_id: str, endpoint: str) -> WorkerRecord:
     return WorkerRecord(worker_id=worker_id, role="agg", service="agg", dp_size=1, fpm_endpoints=(endpoint,))
 
 
+class RawPublisher:
+    """A bare PUB socket registered as worker ``worker_id``'s only endpoint, for hand-made (bad) messages."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], sub: FpmSubscriber, worker_id: str) -> None:
+        self.sub = sub
+        self.worker_id = worker_id
+        self.sock = ctx.socket(zmq.PUB)
+        endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        sub.set_workers({worker_id: record(worker_id, endpoint)})
+        self._counter = iter(range(10**6))
+
+    def good(self) -> list[bytes]:
+        """The frames of a valid heartbeat with the next counter."""
+        return list(fpm.frames(fpm.heartbeat(self.worker_id, 0, next(self._counter))))
+
+    def send_multipart(self, parts: list[bytes]) -> None:
+        self.sock.send_multipart(parts)
+
+    def join(self) -> None:
+        """Send heartbeats until one arrives: the subscription is live (earlier ones are lost)."""
+
+        def joined() -> bool:
+            self.sock.send_multipart(self.good())
+            return self.sub.store.rank_view(self.worker_id, 0, 0.0).heartbeats > 0
+
+        pump(self.sub, joined)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
 def test_only_discovered_workers_are_kept_and_leavers_are_dropped(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
     clock = [0.0]
     registry = LeaseRegistry(default_ttl_s=30.0)
@@ -116,23 +147,10 @@ def test_garbage_on_the_wire_is_dropped_counted_and_the_loop_survives(
     store = FleetStore(ttl_s=5.0)
     sub = FpmSubscriber(store, context=ctx, max_msg_bytes=4096, receive_path=path)
     assert sub.receive_path == path
-    raw = ctx.socket(zmq.PUB)
-    port = raw.bind_to_random_port("tcp://127.0.0.1")
-    endpoint = f"tcp://127.0.0.1:{port}"
-    store_worker = record("w", endpoint)
-    sub.set_workers({"w": store_worker})
+    raw = RawPublisher(ctx, sub, "w")
     try:
-        counter = iter(range(10**6))
-
-        def good() -> list[bytes]:
-            return list(fpm.frames(fpm.heartbeat("w", 0, next(counter))))
-
-        # Wait until the subscription is live.
-        def joined() -> bool:
-            raw.send_multipart(good())
-            return store.rank_view("w", 0, 0.0).heartbeats > 0
-
-        pump(sub, joined)
+        good = raw.good
+        raw.join()
         seq = good()[1]
         nan = msgpack.packb({"worker_id": "w", "dp_rank": 0, "counter_id": 10**5, "wall_time": math.nan})
         raw.send_multipart([b"", seq])  # wrong part count
@@ -218,20 +236,10 @@ def test_a_malformed_message_costs_only_itself_not_its_neighbours(
     """Each message is read to its last frame, so a short or long one between good ones never shifts the rest."""
     store = FleetStore(ttl_s=5.0)
     sub = FpmSubscriber(store, context=ctx, receive_path=path)
-    raw = ctx.socket(zmq.PUB)
-    endpoint = f"tcp://127.0.0.1:{raw.bind_to_random_port('tcp://127.0.0.1')}"
-    sub.set_workers({"w": record("w", endpoint)})
+    raw = RawPublisher(ctx, sub, "w")
     try:
-        counter = iter(range(10**6))
-
-        def good() -> list[bytes]:
-            return list(fpm.frames(fpm.heartbeat("w", 0, next(counter))))
-
-        def joined() -> bool:
-            raw.send_multipart(good())
-            return store.rank_view("w", 0, 0.0).heartbeats > 0
-
-        pump(sub, joined)
+        good = raw.good
+        raw.join()
         while sub.poll_once(50):  # every join probe in, before counting
             pass
         before = store.rank_view("w", 0, 0.0)
