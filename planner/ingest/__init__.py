@@ -5,7 +5,7 @@ from planner.ingest.store import (
     EndpointSeen,
     FleetSnapshot,
     FleetStore,
-    RankState,
+    RankView,
 )
 
-__all__ = ["DropReason", "EndpointSeen", "FleetSnapshot", "FleetStore", "RankState"]
+__all__ = ["DropReason", "EndpointSeen", "FleetSnapshot", "FleetStore", "RankView"]

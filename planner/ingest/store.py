@@ -4,21 +4,45 @@ endpoint it came from. Pure: every method takes the time as an argument; no cloc
 Only samples that can be attributed are kept: the worker must be discovered, the sample must arrive on the
 endpoint discovery lists for that worker and rank, and its values must be ones an engine can produce.
 Everything else is dropped and counted by :class:`DropReason`. Nothing here raises on bad input.
+
+Layout (columnar). :meth:`FleetStore.set_workers` gives every discovered ``(worker_id, dp_rank)`` a *slot*
+(:class:`SlotTable`): workers grouped by ``service`` (services in order of first appearance), discovery order
+within a service, a worker's ranks consecutive. Per-rank state lives in flat Python lists indexed by slot (a
+store into a list is the cheapest write Python has; ingest writes one element per column), among them the
+:class:`LoadField` counts of each rank's newest message, so that nobody has to read them back out of tens of
+thousands of sample objects scattered in memory. A snapshot costs no per-rank Python work: one vectorized
+freshness test, one C-level sum per load count and service (each service is one contiguous slot range:
+:class:`FleetTotals`), and a copy of each column its ``ranks`` mapping needs, which builds a :class:`RankView`
+only for the keys read.
 """
 
 from __future__ import annotations
 
 import enum
+import operator
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate, chain, compress, groupby, repeat
+from typing import Any, TypeVar
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from planner.discovery import WorkerRecord
 from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics
 
-__all__ = ["DropReason", "EndpointSeen", "FleetSnapshot", "FleetStore", "RankState", "RankView"]
+__all__ = [
+    "DropReason",
+    "EndpointSeen",
+    "FleetSnapshot",
+    "FleetStore",
+    "FleetTotals",
+    "LoadField",
+    "RankView",
+    "SlotTable",
+]
 
 
 class DropReason(enum.StrEnum):
@@ -35,6 +59,17 @@ class DropReason(enum.StrEnum):
     INVALID_VALUE = "invalid_value"  # NaN, infinite or negative numbers; dp_rank outside dp_size
 
 
+class LoadField(enum.IntEnum):
+    """Index into :attr:`SlotColumns.load`: one count of each rank's newest message (heartbeats included)."""
+
+    QUEUED_PREFILL_TOKENS = 0  # queued_requests.sum_prefill_tokens
+    SCHEDULED_PREFILL_TOKENS = 1  # scheduled_requests.sum_prefill_tokens
+    DECODE_REQUESTS = 2  # scheduled_requests.num_decode_requests
+    QUEUED_DECODE_REQUESTS = 3  # queued_requests.num_decode_requests
+    DECODE_KV_TOKENS = 4  # scheduled_requests.sum_decode_kv_tokens
+    PREFILL_REQUESTS = 5  # scheduled_requests.num_prefill_requests + queued_requests.num_prefill_requests
+
+
 class EndpointSeen(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What an endpoint last published under, attributable or not."""
 
@@ -45,65 +80,7 @@ class EndpointSeen(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     messages: int
 
 
-_Seen = tuple[str, int, float, int]
-
-
-class EndpointsView(Mapping[str, EndpointSeen]):
-    """Endpoint -> :class:`EndpointSeen`, frozen at snapshot time; records are built only for the endpoints read
-    (a fleet has tens of thousands, a tick looks at a few)."""
-
-    __slots__ = ("_raw",)
-
-    def __init__(self, raw: dict[str, _Seen]) -> None:
-        self._raw = raw
-
-    def __getitem__(self, endpoint: str) -> EndpointSeen:
-        wid, rank, at, n = self._raw[endpoint]
-        return EndpointSeen(endpoint=endpoint, worker_id=wid, dp_rank=rank, last_at=at, messages=n)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._raw)
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    def __contains__(self, endpoint: object) -> bool:
-        return endpoint in self._raw
-
-
-class RankState:
-    """Mutable per-(worker, rank) state inside the store."""
-
-    __slots__ = (
-        "counter",
-        "disconnected",
-        "endpoint",
-        "gaps",
-        "heartbeats",
-        "last_active",
-        "last_active_at",
-        "last_seen_at",
-        "latest",
-        "lost_samples",
-        "restarts",
-        "samples",
-        "window",
-    )
-
-    def __init__(self, endpoint: str, window_size: int) -> None:
-        self.endpoint = endpoint
-        self.latest: ForwardPassMetrics | None = None  # newest message, heartbeats included
-        self.last_seen_at = 0.0
-        self.last_active: ForwardPassMetrics | None = None  # newest step sample (not a heartbeat)
-        self.last_active_at = 0.0
-        self.window: deque[tuple[float, ForwardPassMetrics]] = deque(maxlen=window_size)
-        self.counter = -1
-        self.disconnected = False
-        self.samples = 0
-        self.heartbeats = 0
-        self.restarts = 0
-        self.gaps = 0
-        self.lost_samples = 0
+_Seen = tuple[str, int, float, int]  # (worker_id, dp_rank, last_at, messages)
 
 
 class RankView(msgspec.Struct, frozen=True, gc=False):
@@ -124,8 +101,198 @@ class RankView(msgspec.Struct, frozen=True, gc=False):
     lost_samples: int
 
 
+class SlotTable(msgspec.Struct, frozen=True, kw_only=True):
+    """Where every discovered rank lives: built by :meth:`FleetStore.set_workers`, never changed after (a new
+    discovered set gets a new table), so snapshots share it.
+
+    Slot ``s`` holds rank ``slot_rank[s]`` of worker ``slot_worker[s]``, published on ``endpoints[s]``;
+    :meth:`slot` finds a rank's slot, and ``route`` maps an endpoint to ``(worker_id, dp_rank, slot)`` of the
+    rank it belongs to (the last lister, in discovery order, when two list one). :meth:`keys` lists every
+    ``(worker_id, dp_rank)`` in discovery order.
+
+    Workers are numbered in slot order: worker ``i`` is ``records[i]`` (given under ``worker_ids[i]``), its ranks
+    are slots ``first[i]`` to ``first[i] + dp_size[i] - 1``. ``services`` maps each ``WorkerRecord.service`` to
+    its range of worker numbers ``[start, stop)``: a service's ranks are one contiguous range of slots. The
+    per-worker arrays (read-only; ``first_slot`` is ``first``) repeat the records' numbers for vectorized sums.
+    ``keyed_by_id``: every worker was given under its own ``worker_id`` (always, unless a caller mislabels).
+    """
+
+    slot_worker: Sequence[str]
+    slot_rank: Sequence[int]
+    endpoints: Sequence[str]
+    route: Mapping[str, tuple[str, int, int]]
+    order: Sequence[tuple[str, int]] | None  # discovery order of the keys, when it is not slot order
+    records: Sequence[WorkerRecord]
+    worker_ids: Sequence[str]
+    worker_index: Mapping[str, int]
+    services: Mapping[str, tuple[int, int]]
+    first: Sequence[int]
+    first_slot: npt.NDArray[np.int64]
+    dp_size: npt.NDArray[np.int64]
+    max_num_batched_tokens: npt.NDArray[np.float64]
+    max_num_seqs: npt.NDArray[np.float64]
+    kv_capacity_tokens: npt.NDArray[np.float64]
+    keyed_by_id: bool
+
+    def slot(self, worker_id: str, dp_rank: int) -> int | None:
+        """The slot of ``(worker_id, dp_rank)``; None when that is not a discovered rank."""
+        index = self.worker_index.get(worker_id)
+        if index is None or not isinstance(dp_rank, int) or not 0 <= dp_rank < self.records[index].dp_size:
+            return None
+        return self.first[index] + dp_rank
+
+    def slot_range(self, start: int, stop: int) -> tuple[int, int]:
+        """The slots of workers ``start`` to ``stop - 1``."""
+        n = len(self.records)
+        size = self.size
+        return (self.first[start] if start < n else size), (self.first[stop] if stop < n else size)
+
+    @property
+    def size(self) -> int:
+        """The number of slots (discovered ranks)."""
+        return len(self.slot_rank)
+
+    @property
+    def endpoints_unique(self) -> bool:
+        return len(self.route) == self.size
+
+    def keys(self) -> Iterator[tuple[str, int]]:
+        """Every ``(worker_id, dp_rank)``, in discovery order."""
+        return iter(self.order) if self.order is not None else zip(self.slot_worker, self.slot_rank, strict=True)
+
+
+class FleetTotals(msgspec.Struct, frozen=True, kw_only=True):
+    """What the decision core reads of a snapshot, computed when it was taken (arrays read-only).
+
+    ``fresh[s]``: slot ``s``'s newest message (heartbeats included) is at most ``ttl_s`` old. ``fresh_ranks[i]``:
+    how many ranks of worker ``i`` (table order) are fresh. ``load[service][f]``: count ``f``
+    (:class:`LoadField`) summed over the newest messages of the fresh ranks of the workers whose
+    ``WorkerRecord.service`` is ``service`` — ints when the samples hold ints, as they do off the wire.
+    """
+
+    table: SlotTable
+    fresh: npt.NDArray[np.bool_]
+    fresh_ranks: npt.NDArray[np.int64]
+    load: Mapping[str, tuple[float, ...]]
+
+
+_Entry = tuple[float, ForwardPassMetrics]  # (received_at, sample), as held in a window
+
+
+class _RankColumns:
+    """The columns a :class:`RankView` is built from: copies in a snapshot, the store's own for a live view."""
+
+    __slots__ = ("active", "counts", "heartbeats", "latest", "samples", "seen_at")
+
+    def __init__(
+        self,
+        seen_at: Sequence[float] | npt.NDArray[np.float64],
+        latest: Sequence[ForwardPassMetrics | None],
+        active: Sequence[_Entry | None],
+        samples: Sequence[int],
+        heartbeats: Sequence[int],
+        counts: Mapping[int, tuple[int, int, int]],
+    ) -> None:
+        self.seen_at = seen_at
+        self.latest = latest
+        self.active = active
+        self.samples = samples
+        self.heartbeats = heartbeats
+        self.counts = counts
+
+    def view(self, table: SlotTable, slot: int, now: float, fresh: bool) -> RankView:
+        worker_id, dp_rank = table.slot_worker[slot], table.slot_rank[slot]
+        endpoint = table.endpoints[slot]
+        latest = self.latest[slot]
+        if latest is None:
+            return RankView(worker_id, dp_rank, endpoint, False, None, None, None, None, 0, 0, 0, 0, 0)
+        active = self.active[slot]
+        restarts, gaps, lost = self.counts.get(slot, _NO_COUNTS)
+        return RankView(
+            worker_id,
+            dp_rank,
+            endpoint,
+            fresh,
+            now - float(self.seen_at[slot]),
+            None if active is None else now - active[0],
+            latest,
+            None if active is None else active[1],
+            self.samples[slot],
+            self.heartbeats[slot],
+            restarts,
+            gaps,
+            lost,
+        )
+
+
+_NO_COUNTS = (0, 0, 0)  # restarts, gaps, lost samples
+
+
+class RanksView(Mapping[tuple[str, int], RankView]):
+    """``(worker_id, dp_rank)`` -> :class:`RankView` for every discovered rank (heard from or not), frozen at
+    snapshot time; iterates in discovery order and builds a view only for the keys read."""
+
+    __slots__ = ("_cols", "_fresh", "_now", "_table")
+
+    def __init__(self, table: SlotTable, cols: _RankColumns, fresh: npt.NDArray[np.bool_], now: float) -> None:
+        self._table = table
+        self._cols = cols
+        self._fresh = fresh
+        self._now = now
+
+    def __getitem__(self, key: tuple[str, int]) -> RankView:
+        slot = self._slot(key)
+        if slot is None:
+            raise KeyError(key)
+        return self._cols.view(self._table, slot, self._now, bool(self._fresh[slot]))
+
+    def _slot(self, key: object) -> int | None:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return None
+        return self._table.slot(*key)
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return self._table.keys()
+
+    def __len__(self) -> int:
+        return self._table.size
+
+    def __contains__(self, key: object) -> bool:
+        return self._slot(key) is not None
+
+
+class EndpointsView(Mapping[str, EndpointSeen]):
+    """Endpoint -> :class:`EndpointSeen` for the discovered endpoints that published anything, frozen at snapshot
+    time; records are built only for the endpoints read (a fleet has tens of thousands, a tick looks at a few)."""
+
+    __slots__ = ("_route", "_seen")
+
+    def __init__(self, route: Mapping[str, tuple[str, int, int]], seen: Sequence[_Seen | None]) -> None:
+        self._route = route
+        self._seen = seen
+
+    def __getitem__(self, endpoint: str) -> EndpointSeen:
+        raw = self._seen[self._route[endpoint][2]]
+        if raw is None:
+            raise KeyError(endpoint)
+        wid, rank, at, n = raw
+        return EndpointSeen(endpoint=endpoint, worker_id=wid, dp_rank=rank, last_at=at, messages=n)
+
+    def __iter__(self) -> Iterator[str]:
+        seen = self._seen
+        return (endpoint for endpoint, route in self._route.items() if seen[route[2]] is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, endpoint: object) -> bool:
+        route = self._route.get(endpoint) if isinstance(endpoint, str) else None
+        return route is not None and self._seen[route[2]] is not None
+
+
 class FleetSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the decision core and diagnostics read from the store at one instant."""
+    """Everything the decision core and diagnostics read from the store at one instant: ``ranks`` per key
+    (every discovered rank, heard from or not), ``totals`` per service and slot (the decision core)."""
 
     now: float
     ttl_s: float
@@ -133,6 +300,126 @@ class FleetSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     endpoints: Mapping[str, EndpointSeen]
     drops: Mapping[DropReason, int]
     drops_by_worker: Mapping[str, Mapping[DropReason, int]]
+    totals: FleetTotals
+
+
+def _frozen(values: Sequence[float], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    a = np.array(values, dtype=dtype)
+    a.flags.writeable = False
+    return a
+
+
+_SERVICE = operator.attrgetter("service")
+_DP_SIZE = operator.attrgetter("dp_size")
+_ENDPOINTS = operator.attrgetter("fpm_endpoints")
+_WORKER_ID = operator.attrgetter("worker_id")
+
+
+def _capacity(records: Sequence[WorkerRecord], name: str) -> npt.NDArray[np.float64]:
+    return _frozen(list(map(operator.attrgetter(f"capacity.{name}"), records)), np.float64)
+
+
+def _layout(workers: Mapping[str, WorkerRecord]) -> SlotTable:
+    """The slot layout of ``workers`` (C-level loops: it is rebuilt on every discovery change)."""
+    worker_ids = list(workers)
+    records = list(workers.values())
+    services = list(map(_SERVICE, records))
+    runs = [(service, sum(1 for _ in members)) for service, members in groupby(services)]
+    order: list[tuple[str, int]] | None = None
+    if len(runs) != len(set(services)):  # services interleave: group them, keeping discovery order within each
+        order = [(wid, rank) for wid, record in zip(worker_ids, records, strict=True) for rank in range(record.dp_size)]
+        position = {service: i for i, service in enumerate(dict.fromkeys(services))}
+        moved = sorted(range(len(records)), key=lambda i: position[services[i]])
+        worker_ids = [worker_ids[i] for i in moved]
+        records = [records[i] for i in moved]
+        runs = [(service, sum(1 for _ in members)) for service, members in groupby(map(_SERVICE, records))]
+    ranges: dict[str, tuple[int, int]] = {}
+    start = 0
+    for service, count in runs:
+        ranges[service] = (start, start + count)
+        start += count
+    dp_sizes = list(map(_DP_SIZE, records))
+    first = list(accumulate(dp_sizes, initial=0))
+    n = first.pop()
+    slot_worker = list(chain.from_iterable(map(repeat, worker_ids, dp_sizes)))
+    slot_rank = list(chain.from_iterable(map(range, dp_sizes)))
+    endpoints = list(chain.from_iterable(map(_ENDPOINTS, records)))
+    route = dict(zip(endpoints, zip(slot_worker, slot_rank, range(n), strict=True), strict=True))
+    if len(route) < n:  # an endpoint listed twice: the last lister in discovery order owns it
+        first_of = dict(zip(worker_ids, first, strict=True))
+        route = {}
+        for wid, record in workers.items():
+            for rank, endpoint in enumerate(record.fpm_endpoints):
+                route[endpoint] = (wid, rank, first_of[wid] + rank)
+    return SlotTable(
+        slot_worker=slot_worker,
+        slot_rank=slot_rank,
+        endpoints=endpoints,
+        route=route,
+        order=order,
+        records=records,
+        worker_ids=worker_ids,
+        worker_index=dict(zip(worker_ids, range(len(worker_ids)), strict=True)),
+        services=ranges,
+        first=first,
+        first_slot=_frozen(first, np.int64),
+        dp_size=_frozen(dp_sizes, np.int64),
+        max_num_batched_tokens=_capacity(records, "max_num_batched_tokens"),
+        max_num_seqs=_capacity(records, "max_num_seqs"),
+        kv_capacity_tokens=_capacity(records, "kv_capacity_tokens"),
+        keyed_by_id=all(map(operator.eq, worker_ids, map(_WORKER_ID, records))),
+    )
+
+
+_EMPTY_TABLE = _layout({})
+
+_T = TypeVar("_T")
+
+
+class _Moves:
+    """Where each slot of a new layout takes its state from: runs of consecutive old slots, or of none (-1)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []  # [first old slot or -1, length]
+
+    def add(self, old: int, length: int = 1) -> None:
+        if not length:
+            return
+        if self.runs:
+            last = self.runs[-1]
+            if (old < 0 and last[0] < 0) or (old >= 0 and last[0] >= 0 and last[0] + last[1] == old):
+                last[1] += length
+                return
+        self.runs.append([old, length])
+
+    def prefix(self) -> int:
+        """How many leading slots stay where they are."""
+        return self.runs[0][1] if self.runs and self.runs[0][0] == 0 else 0
+
+    def take(self, column: list[_T], empty: _T) -> list[_T]:
+        """``column`` rearranged in place for the new layout (``empty`` where there is no old slot): only what
+        follows the unmoved prefix is copied."""
+        keep = self.prefix()
+        tail: list[_T] = []
+        for old, length in self.runs[1 if keep else 0 :]:
+            tail.extend(column[old : old + length] if old >= 0 else repeat(empty, length))
+        del column[keep:]
+        column.extend(tail)
+        return column
+
+    def renumber(self, old_slots: Iterable[int], old_size: int) -> list[int]:
+        """The new slot of each of ``old_slots`` (slots of a layout of ``old_size``), -1 where there is none."""
+        if self.prefix() >= old_size:
+            return list(old_slots)
+        new_of = np.full(old_size + 1, -1, dtype=np.int64)  # the extra -1 keeps an empty lookup well-formed
+        start = 0
+        for old, length in self.runs:
+            if old >= 0:
+                new_of[old : old + length] = np.arange(start, start + length)
+            start += length
+        return new_of[np.fromiter(old_slots, dtype=np.int64)].tolist()  # type: ignore[no-any-return]
 
 
 class FleetStore:
@@ -145,10 +432,27 @@ class FleetStore:
         self.window_size = window_size
         self.restart_tolerance = restart_tolerance
         self._workers: dict[str, WorkerRecord] = {}
-        self._owner: dict[str, tuple[str, int]] = {}  # endpoint -> (worker_id, dp_rank)
-        self._ranks: dict[tuple[str, int], RankState] = {}
-        # endpoint -> (worker_id, dp_rank, last_at, messages); immutable, so a snapshot's shallow copy is consistent
-        self._endpoints: dict[str, _Seen] = {}
+        self._table = _EMPTY_TABLE
+        self._route = self._table.route  # endpoint -> (worker_id, dp_rank, slot)
+        # Per-slot columns (see the module docstring); a slot never heard from has counter -1 and no window.
+        self._counter: list[int] = []  # counter_id of the newest message stored
+        self._latest: list[ForwardPassMetrics | None] = []  # newest message, heartbeats included
+        self._seen_at: list[float] = []  # when it was received; -inf: never
+        self._qp: list[float] = []  # its LoadField counts, one list per field
+        self._sp: list[float] = []
+        self._dr: list[float] = []
+        self._qd: list[float] = []
+        self._kv: list[float] = []
+        self._preq: list[float] = []
+        self._active: list[_Entry | None] = []  # newest step sample (not a heartbeat): its window entry
+        self._windows: list[deque[_Entry] | None] = []
+        self._samples: list[int] = []
+        self._heartbeats: list[int] = []
+        self._counts: dict[int, tuple[int, int, int]] = {}  # slot -> (restarts, gaps, lost samples), rare
+        # What each slot's endpoint last published under, attributable or not (immutable tuples).
+        self._seen: list[_Seen | None] = []
+        self._disconnected: set[int] = set()  # heard slots whose connection dropped since their last message
+        self._heard: list[int] = []  # slots in the order they were first heard from (iter_windows)
         self.drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
         # Drops we can still pin on a discovered worker (by its endpoint), for diagnostics.
         self.drops_by_worker: dict[str, dict[DropReason, int]] = {}
@@ -156,17 +460,66 @@ class FleetStore:
     # -- discovery -------------------------------------------------------------------------------------------
 
     def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
-        """Adopt the discovered set: new workers get empty state, departed ones are forgotten entirely."""
-        self._workers = dict(workers)
-        self._owner = {
-            endpoint: (wid, rank)
-            for wid, record in workers.items()
-            for rank, endpoint in enumerate(record.fpm_endpoints)
+        """Adopt the discovered set: new workers get empty state, departed ones are forgotten entirely.
+
+        A rank keeps its state while it keeps its endpoint; an endpoint keeps what it last published under while
+        any worker lists it. Rebuilds the slot layout: O(ranks), with per-rank Python work only for workers whose
+        record changed."""
+        old = self._table
+        table = _layout(workers)
+        state, seen = _Moves(), _Moves()  # per-rank state follows (key, endpoint); observations the endpoint
+        unchanged = table.endpoints_unique and old.endpoints_unique
+        kept, length = 0, 0  # a pending run of old slots of unchanged workers (the same ranks, same endpoints)
+        for wid, record, first in zip(table.worker_ids, table.records, table.first, strict=True):
+            index = old.worker_index.get(wid)
+            if unchanged and index is not None and old.records[index] is record:
+                if length and kept + length == old.first[index]:
+                    length += record.dp_size
+                else:
+                    state.add(kept, length)
+                    seen.add(kept, length)
+                    kept, length = old.first[index], record.dp_size
+                continue
+            state.add(kept, length)
+            seen.add(kept, length)
+            length = 0
+            for rank, endpoint in enumerate(record.fpm_endpoints):
+                if table.route[endpoint][2] != first + rank:  # a later worker lists this endpoint: nothing here
+                    state.add(-1)
+                    seen.add(-1)
+                    continue
+                previous = old.slot(wid, rank)
+                state.add(previous if previous is not None and old.endpoints[previous] == endpoint else -1)
+                owner = old.route.get(endpoint)
+                seen.add(-1 if owner is None else owner[2])
+        state.add(kept, length)
+        seen.add(kept, length)
+        self._counter = state.take(self._counter, -1)
+        self._latest = state.take(self._latest, None)
+        self._seen_at = state.take(self._seen_at, float("-inf"))
+        self._qp = state.take(self._qp, 0)
+        self._sp = state.take(self._sp, 0)
+        self._dr = state.take(self._dr, 0)
+        self._qd = state.take(self._qd, 0)
+        self._kv = state.take(self._kv, 0)
+        self._preq = state.take(self._preq, 0)
+        self._active = state.take(self._active, None)
+        self._windows = state.take(self._windows, None)
+        self._samples = state.take(self._samples, 0)
+        self._heartbeats = state.take(self._heartbeats, 0)
+        self._seen = seen.take(self._seen, None)
+        size = old.size
+        self._heard = [slot for slot in state.renumber(self._heard, size) if slot >= 0]
+        counts = self._counts
+        self._counts = {
+            slot: counts[old_slot]
+            for old_slot, slot in zip(counts, state.renumber(counts, size), strict=True)
+            if slot >= 0
         }
-        for key in [k for k, st in self._ranks.items() if self._owner.get(st.endpoint) != k]:
-            del self._ranks[key]
-        for endpoint in [e for e in self._endpoints if e not in self._owner]:
-            del self._endpoints[endpoint]
+        self._disconnected = {slot for slot in state.renumber(self._disconnected, size) if slot >= 0}
+        self._workers = dict(workers)
+        self._table = table
+        self._route = table.route
         for wid in [w for w in self.drops_by_worker if w not in self._workers]:
             del self.drops_by_worker[wid]
 
@@ -175,24 +528,24 @@ class FleetStore:
         return self._workers
 
     def endpoint_owner(self, endpoint: str) -> tuple[str, int] | None:
-        return self._owner.get(endpoint)
+        route = self._route.get(endpoint)
+        return None if route is None else (route[0], route[1])
 
     # -- ingest ----------------------------------------------------------------------------------------------
 
     def note_disconnect(self, endpoint: str) -> None:
         """The subscriber's connection to ``endpoint`` was dropped (ZMQ monitor). Whether that was ZMQ refusing
         an oversized message or the publisher going away is settled by the next message's counter."""
-        owner = self._owner.get(endpoint)
-        state = self._ranks.get(owner) if owner is not None else None
-        if state is not None:
-            state.disconnected = True
+        route = self._route.get(endpoint)
+        if route is not None and self._counter[route[2]] >= 0:
+            self._disconnected.add(route[2])
 
     def drop(self, reason: DropReason, endpoint: str | None = None, count: int = 1) -> DropReason:
         """Count a drop; pinned on the worker that owns ``endpoint`` when there is one."""
         self.drops[reason] += count
-        owner = self._owner.get(endpoint) if endpoint is not None else None
-        if owner is not None:
-            per = self.drops_by_worker.setdefault(owner[0], {})
+        route = self._route.get(endpoint) if endpoint is not None else None
+        if route is not None:
+            per = self.drops_by_worker.setdefault(route[0], {})
             per[reason] = per.get(reason, 0) + count
         return reason
 
@@ -208,15 +561,66 @@ class FleetStore:
 
     def ingest(self, endpoint: str, sample: ForwardPassMetrics, received_at: float, now: float) -> DropReason | None:
         """Ingest one decoded sample received on ``endpoint`` at ``received_at``."""
-        owner = self._owner.get(endpoint)
-        if owner is not None:
-            seen = self._endpoints.get(endpoint)
-            self._endpoints[endpoint] = (
-                sample.worker_id,
-                sample.dp_rank,
-                received_at,
-                1 if seen is None else seen[3] + 1,
-            )
+        route = self._route.get(endpoint)
+        if route is None:
+            return self._unattributed(endpoint, sample)
+        slot = route[2]
+        seen = self._seen[slot]
+        self._seen[slot] = (sample.worker_id, sample.dp_rank, received_at, 1 if seen is None else seen[3] + 1)
+        if route[0] != sample.worker_id or route[1] != sample.dp_rank:
+            return self._unattributed(endpoint, sample)
+        # The endpoint's own worker and rank: the id is discovered and the rank within its dp_size.
+        if fpm.invalid_fields(sample):
+            return self.drop(DropReason.INVALID_VALUE, endpoint)
+        if now - received_at > self.ttl_s:
+            return self.drop(DropReason.STALE, endpoint)
+        counter = sample.counter_id
+        counters = self._counter
+        last = counters[slot]
+        disconnected = self._disconnected
+        if last >= 0:
+            if counter <= last:
+                # One ZMQ connection delivers in order, so going backwards means a new publisher run: certain after
+                # a disconnect, assumed for a jump back near zero or far back; a small step back is a replay.
+                near = counter >= self.restart_tolerance and last - counter <= self.restart_tolerance
+                if slot not in disconnected and (counter == last or near):
+                    return self.drop(DropReason.OUT_OF_ORDER, endpoint)
+                restarts, gaps, lost = self._counts.get(slot, _NO_COUNTS)
+                # what the old run sent after our last sample is unknowable
+                self._counts[slot] = (restarts + 1, gaps, lost)
+            else:
+                if disconnected and slot in disconnected:
+                    self.drop(DropReason.OVERSIZED, endpoint)
+                if counter > last + 1:
+                    restarts, gaps, lost = self._counts.get(slot, _NO_COUNTS)
+                    self._counts[slot] = (restarts, gaps + 1, lost + counter - last - 1)
+            if disconnected:
+                disconnected.discard(slot)
+        else:  # the first message stored for this rank
+            self._windows[slot] = deque(maxlen=self.window_size)
+            self._heard.append(slot)
+        counters[slot] = counter
+        self._latest[slot] = sample
+        self._seen_at[slot] = received_at
+        sched = sample.scheduled_requests
+        queued = sample.queued_requests
+        self._qp[slot] = queued.sum_prefill_tokens
+        self._sp[slot] = sched.sum_prefill_tokens
+        self._dr[slot] = sched.num_decode_requests
+        self._qd[slot] = queued.num_decode_requests
+        self._kv[slot] = sched.sum_decode_kv_tokens
+        self._preq[slot] = sched.num_prefill_requests + queued.num_prefill_requests
+        if sample.is_heartbeat:
+            self._heartbeats[slot] += 1
+        else:
+            self._samples[slot] += 1
+            entry = (received_at, sample)
+            self._active[slot] = entry
+            self._windows[slot].append(entry)  # type: ignore[union-attr]
+        return None
+
+    def _unattributed(self, endpoint: str, sample: ForwardPassMetrics) -> DropReason:
+        """The drop for a sample that is not its endpoint's own worker and rank (first match wins)."""
         wid = sample.worker_id
         if not wid:
             return self.drop(DropReason.EMPTY_WORKER_ID, endpoint)
@@ -225,91 +629,64 @@ class FleetStore:
             return self.drop(DropReason.UNKNOWN_WORKER, endpoint)
         if fpm.invalid_fields(sample) or sample.dp_rank >= record.dp_size:
             return self.drop(DropReason.INVALID_VALUE, endpoint)
-        key = (wid, sample.dp_rank)
-        if owner != key:
-            return self.drop(DropReason.FOREIGN_ENDPOINT, endpoint)
-        if now - received_at > self.ttl_s:
-            return self.drop(DropReason.STALE, endpoint)
-        state = self._ranks.get(key)
-        if state is None:
-            state = self._ranks[key] = RankState(endpoint, self.window_size)
-        counter = sample.counter_id
-        last = state.counter
-        if last >= 0:
-            if counter <= last:
-                # One ZMQ connection delivers in order, so going backwards means a new publisher run: certain after
-                # a disconnect, assumed for a jump back near zero or far back; a small step back is a replay.
-                near = counter >= self.restart_tolerance and last - counter <= self.restart_tolerance
-                if not state.disconnected and (counter == last or near):
-                    return self.drop(DropReason.OUT_OF_ORDER, endpoint)
-                state.restarts += 1  # what the old run sent after our last sample is unknowable
-            else:
-                if state.disconnected:
-                    self.drop(DropReason.OVERSIZED, endpoint)
-                if counter > last + 1:
-                    state.gaps += 1
-                    state.lost_samples += counter - last - 1
-        state.disconnected = False
-        state.counter = counter
-        state.latest = sample
-        state.last_seen_at = received_at
-        if sample.is_heartbeat:
-            state.heartbeats += 1
-        else:
-            state.samples += 1
-            state.last_active = sample
-            state.last_active_at = received_at
-            state.window.append((received_at, sample))
-        return None
+        return self.drop(DropReason.FOREIGN_ENDPOINT, endpoint)
 
     # -- read ------------------------------------------------------------------------------------------------
 
     def window(self, worker_id: str, dp_rank: int) -> tuple[tuple[float, ForwardPassMetrics], ...]:
-        state = self._ranks.get((worker_id, dp_rank))
-        return () if state is None else tuple(state.window)
+        slot = self._table.slot(worker_id, dp_rank)
+        window = None if slot is None else self._windows[slot]
+        return () if window is None else tuple(window)
 
     def iter_windows(self) -> Iterable[tuple[tuple[str, int], deque[tuple[float, ForwardPassMetrics]]]]:
-        for key, state in self._ranks.items():
-            yield key, state.window
+        """Every rank heard from, in the order first heard, with its (live) window."""
+        table, windows = self._table, self._windows
+        for slot in self._heard:
+            window = windows[slot]
+            if window is not None:
+                yield (table.slot_worker[slot], table.slot_rank[slot]), window
 
     def rank_view(self, worker_id: str, dp_rank: int, now: float) -> RankView:
-        record = self._workers.get(worker_id)
-        endpoint = record.fpm_endpoints[dp_rank] if record and dp_rank < record.dp_size else ""
-        return self._view(worker_id, dp_rank, endpoint, self._ranks.get((worker_id, dp_rank)), now)
-
-    def _view(self, worker_id: str, dp_rank: int, endpoint: str, state: RankState | None, now: float) -> RankView:
-        if state is None:
+        """One rank read now (not from a snapshot)."""
+        slot = self._table.slot(worker_id, dp_rank)
+        if slot is None:
+            record = self._workers.get(worker_id)
+            endpoint = record.fpm_endpoints[dp_rank] if record and dp_rank < record.dp_size else ""
             return RankView(worker_id, dp_rank, endpoint, False, None, None, None, None, 0, 0, 0, 0, 0)
-        age = now - state.last_seen_at
-        return RankView(
-            worker_id,
-            dp_rank,
-            state.endpoint,
-            age <= self.ttl_s,
-            age,
-            None if state.last_active is None else now - state.last_active_at,
-            state.latest,
-            state.last_active,
-            state.samples,
-            state.heartbeats,
-            state.restarts,
-            state.gaps,
-            state.lost_samples,
-        )
+        cols = _RankColumns(self._seen_at, self._latest, self._active, self._samples, self._heartbeats, self._counts)
+        return cols.view(self._table, slot, now, now - self._seen_at[slot] <= self.ttl_s)
 
     def snapshot(self, now: float) -> FleetSnapshot:
-        """Every discovered worker's every rank (heard from or not), endpoint observations and drop counters."""
-        get, view = self._ranks.get, self._view
-        ranks = {
-            (wid, rank): view(wid, rank, endpoint, get((wid, rank)), now)
-            for wid, record in self._workers.items()
-            for rank, endpoint in enumerate(record.fpm_endpoints)
-        }
+        """Every discovered worker's every rank (heard from or not), endpoint observations, drop counters, and
+        the totals the decision core reads. No per-rank Python work: a vectorized freshness test, a C-level sum
+        per load count and service, and a copy of each column a :class:`RankView` needs."""
+        table = self._table
+        seen_at = np.array(self._seen_at, dtype=np.float64)
+        fresh = (now - seen_at) <= self.ttl_s
+        fresh_ranks = (
+            np.add.reduceat(fresh, table.first_slot, dtype=np.int64) if table.records else np.zeros(0, np.int64)
+        )
+        columns = (self._qp, self._sp, self._dr, self._qd, self._kv, self._preq)
+        load: dict[str, tuple[float, ...]] = {}
+        for service, workers in table.services.items():
+            start, stop = table.slot_range(*workers)
+            part = fresh[start:stop]
+            if part.all():
+                load[service] = tuple(sum(col[start:stop]) for col in columns)
+            else:
+                mask = part.tolist()
+                load[service] = tuple(sum(compress(col[start:stop], mask)) for col in columns)
+        for a in (seen_at, fresh, fresh_ranks):
+            a.flags.writeable = False
+        cols = _RankColumns(
+            seen_at, self._latest[:], self._active[:], self._samples[:], self._heartbeats[:], dict(self._counts)
+        )
         return FleetSnapshot(
             now=now,
             ttl_s=self.ttl_s,
-            ranks=ranks,
-            endpoints=EndpointsView(dict(self._endpoints)),
+            ranks=RanksView(table, cols, fresh, now),
+            endpoints=EndpointsView(self._route, self._seen[:]),
             drops=dict(self.drops),
             drops_by_worker={w: dict(d) for w, d in self.drops_by_worker.items()},
+            totals=FleetTotals(table=table, fresh=fresh, fresh_ranks=fresh_ranks, load=load),
         )
