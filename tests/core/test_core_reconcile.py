@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import pytest
 
-from planner.core import DeploymentStatus, Reason, WorkerStatus
-from planner.core.reconcile import reconcile
+from planner.core import CoreConfig, DeploymentStatus, Reason, RoleConfig, WorkerStatus
+from planner.core.reconcile import reconcile, reconcile_services
+from planner.core.step import group_services
 from planner.discovery import Role
 from planner.ingest.store import FleetSnapshot
 from tests.core.fleetkit import Fleet, Load
@@ -40,6 +43,11 @@ def unsynced_long_ago(fleet: Fleet) -> None:
 def synced_after_restore(fleet: Fleet) -> None:
     fleet.publish("w", NOW - 5, Load(decode=3), as_id="")
     fleet.publish("w", NOW - 1, Load(decode=3))
+
+
+def unsynced_after_fresh(fleet: Fleet) -> None:
+    fleet.publish("w", NOW - 5, Load(decode=3))  # both ranks still fresh ...
+    fleet.publish("w", NOW - 1, Load(decode=3), as_id="")  # ... but their endpoints now publish under ""
 
 
 def wrong_rank(fleet: Fleet) -> None:
@@ -81,6 +89,13 @@ ROWS = [
         WorkerStatus.IDENTITY_NOT_SYNCED,
         (0, 1),
         ("someone-else",),
+    ),
+    Row(
+        "endpoints that turned to '' while every rank is still fresh make identity_not_synced",
+        unsynced_after_fresh,
+        WorkerStatus.IDENTITY_NOT_SYNCED,
+        (),
+        ("",),
     ),
     Row(
         "an endpoint publishing another rank of the same id is identity_not_synced",
@@ -167,3 +182,85 @@ def test_a_worker_discovery_knows_but_the_store_was_never_told_about_is_silent()
         ("late", WorkerStatus.SILENT, (0, 1))
     ]
     assert coverage.gaps == (Reason.WORKERS_SILENT,)
+
+
+def test_load_and_coverage_are_brute_force_sums_over_the_rank_views_on_either_path() -> None:
+    """A random fleet of three services with fresh, stale, heartbeating, never-heard and unsynced ranks and some
+    workers not ready: reconcile's load, rank counts and per-worker verdicts equal sums over the snapshot's rank
+    views. The same workers given as copies (not the store's own records) take the rank-by-rank path and get the
+    same answer."""
+    rng = random.Random(11)
+    fleet = Fleet()
+    for i in range(30):
+        role = rng.choice([Role.PREFILL, Role.DECODE])
+        fleet.add(f"w{i:02d}", role, rng.choice([role.value, f"{role.value}-b"]), dp=rng.randint(1, 4))
+    for wid, record in fleet.workers.items():
+        for rank in range(record.dp_size):
+            age = rng.choice([None, 1.0, 9.0, 10.0, 10.5, 40.0])  # TTL 10 s
+            if age is not None:
+                idle = rng.random() < 0.2
+                load = (
+                    Load()
+                    if idle
+                    else Load(prefill=rng.randint(0, 900), decode=rng.randint(0, 90), kv=rng.randint(0, 9000))
+                )
+                fleet.publish(wid, NOW - age, load, ranks=(rank,), as_id="" if rng.random() < 0.05 else None)
+    snapshot = fleet.store.snapshot(NOW)
+    views = list(snapshot.ranks.values())
+    own = dict(fleet.workers)
+    copies = {wid: msgspec.structs.replace(record) for wid, record in own.items()}
+    config = CoreConfig(roles={role: RoleConfig() for role in Role})
+    not_ready = {
+        service: tuple(rng.sample(sorted(w.worker_id for w in ws), 1))
+        for service, (_, ws) in group_services(own, config).items()
+    }
+    deployments = {
+        s: DeploymentStatus(service=s, desired=9, ready=7, not_ready_workers=nr) for s, nr in not_ready.items()
+    }
+
+    results = []
+    for workers in (own, copies):
+        groups = group_services(workers, config)
+        results.append(reconcile_services(groups, snapshot, deployments))
+        for service, (_, members) in groups.items():
+            rec = results[-1][service]
+            ids = {w.worker_id for w in members}
+            fresh = [v.latest for v in views if v.fresh and v.worker_id in ids and v.latest is not None]
+            assert (
+                rec.load.queued_prefill_tokens,
+                rec.load.scheduled_prefill_tokens,
+                rec.load.decode_requests,
+                rec.load.queued_decode_requests,
+                rec.load.decode_kv_tokens,
+                rec.prefill_requests,
+            ) == (
+                sum(s.queued_requests.sum_prefill_tokens for s in fresh),
+                sum(s.scheduled_requests.sum_prefill_tokens for s in fresh),
+                sum(s.scheduled_requests.num_decode_requests for s in fresh),
+                sum(s.queued_requests.num_decode_requests for s in fresh),
+                sum(s.scheduled_requests.sum_decode_kv_tokens for s in fresh),
+                sum(s.scheduled_requests.num_prefill_requests + s.queued_requests.num_prefill_requests for s in fresh),
+            )
+            ready = [w for w in members if w.worker_id not in not_ready[service]]
+            missing = {
+                w.worker_id: tuple(v.dp_rank for v in views if v.worker_id == w.worker_id and not v.fresh)
+                for w in ready
+            }
+            assert rec.engines_expected == sum(w.dp_size for w in ready)
+            assert rec.engines_reporting == sum(w.dp_size - len(missing[w.worker_id]) for w in ready)
+            verdicts = {p.worker_id: (p.status, p.missing_ranks) for p in rec.coverage.problems}
+            for w in ready:
+                gone = missing[w.worker_id]
+                if verdicts.get(w.worker_id, (None,))[0] == WorkerStatus.IDENTITY_NOT_SYNCED:
+                    continue
+                expected = (
+                    None
+                    if not gone
+                    else (WorkerStatus.SILENT if len(gone) == w.dp_size else WorkerStatus.PARTIAL, gone)
+                )
+                assert verdicts.get(w.worker_id) == expected, w.worker_id
+            assert rec.coverage.healthy == sum(1 for w in ready if w.worker_id not in verdicts)
+    assert results[0] == results[1]
+    assert {p.status for r in results[0].values() for p in r.coverage.problems} == set(WorkerStatus) - {
+        WorkerStatus.HEALTHY
+    }
