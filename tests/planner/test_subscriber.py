@@ -309,3 +309,5 @@ def test_the_native_drain_raises_zmq_errors_other_than_eagain(ctx: zmq.Context[z
         assert err.value.errno == zmq.ENOTSUP
     finally:
         pub.close(linger=0)
+    with pytest.raises(ValueError, match="null socket handle"):  # a closed socket: an error, never a crash
+        drain(pub, 10)
