@@ -17,7 +17,7 @@ from perf_model.step_timer import ProfileStepTimer
 from planner.core.config import CoreConfigError, RoleConfig, SlaTargets, load_config
 from planner.core.decision import Coverage, Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
-from planner.core.recommend import predict_agg_latency, recommend_sla
+from planner.core.recommend import AggLatency, predict_agg_latency, recommend_sla
 from planner.core.reconcile import Reconciled
 from planner.discovery import Role
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
@@ -82,12 +82,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("rate", "isl", "osl"), CASES)
-def test_mixed_step_itl_matches_the_simulated_engine(
-    timer: ProfileStepTimer, model: PerfModel, rate: float, isl: int, osl: int
-) -> None:
-    measured_itl_ms, _ = simulate(timer, rate, isl, osl, duration_s=240.0)
-    agg = predict_agg_latency(
+def predict_on_engine(model: PerfModel, rate: float, isl: int, osl: int) -> AggLatency:
+    """The aggregated-role prediction with every limit of the simulated engine (``ENGINE``)."""
+    return predict_agg_latency(
         model,
         rate_per_s=rate,
         isl_tokens=isl,
@@ -97,6 +94,14 @@ def test_mixed_step_itl_matches_the_simulated_engine(
         max_num_seqs=ENGINE.max_num_seqs,
         kv_capacity_tokens=ENGINE.kv_capacity_tokens,
     )
+
+
+@pytest.mark.parametrize(("rate", "isl", "osl"), CASES)
+def test_mixed_step_itl_matches_the_simulated_engine(
+    timer: ProfileStepTimer, model: PerfModel, rate: float, isl: int, osl: int
+) -> None:
+    measured_itl_ms, _ = simulate(timer, rate, isl, osl, duration_s=240.0)
+    agg = predict_on_engine(model, rate, isl, osl)
     assert agg.saturated == ""
     predicted_ms = agg.itl_ms / BAND  # central estimate
     assert predicted_ms == pytest.approx(measured_itl_ms, rel=0.25), (predicted_ms, measured_itl_ms)
@@ -233,16 +238,7 @@ def test_recommended_agg_replicas_meet_itl_in_the_simulated_engine(
     assert rec.predicted_itl_ms is not None and rec.predicted_itl_ms <= 50.0
     # Not grossly over-provisioned either: one replica fewer misses the ITL target in the prediction.
     if rec.replicas > 1:
-        fewer = predict_agg_latency(
-            model,
-            rate_per_s=rate / (rec.replicas - 1),
-            isl_tokens=isl,
-            osl_tokens=osl,
-            kv_per_request_tokens=isl + osl / 2,
-            max_num_batched_tokens=ENGINE.max_num_batched_tokens,
-            max_num_seqs=ENGINE.max_num_seqs,
-            kv_capacity_tokens=ENGINE.kv_capacity_tokens,
-        )
+        fewer = predict_on_engine(model, rate / (rec.replicas - 1), isl, osl)
         assert fewer.itl_ms > 50.0 or fewer.ttft_ms > 2000.0
 
 
