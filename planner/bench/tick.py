@@ -21,10 +21,9 @@ import argparse
 import gc
 import json
 import random
-import statistics
 import time
 
-from planner.bench.percentile import nearest_rank
+from planner.bench.percentile import p50_p99
 from planner.core import CoreConfig, CoreState, DeploymentStatus, Observation, RoleConfig, Traffic, step
 from planner.discovery import EngineCapacity, Role, WorkerRecord
 from planner.ingest.store import FleetStore
@@ -131,14 +130,10 @@ def run(args: argparse.Namespace) -> int:
                 "dp": args.dp,
                 "engines": args.workers * args.dp,
                 "ticks": args.ticks,
-                "tick_ms_p50": round(statistics.median(tick_ms), 3),
-                "tick_ms_p99": round(nearest_rank(tick_ms, 0.99), 3),
-                "tick_cpu_ms_p50": round(statistics.median(cpu_ms), 3),
-                "tick_cpu_ms_p99": round(nearest_rank(cpu_ms, 0.99), 3),
-                "snapshot_ms_p50": round(statistics.median(snap_ms), 3),
-                "snapshot_ms_p99": round(nearest_rank(snap_ms, 0.99), 3),
-                "tick_with_snapshot_ms_p50": round(statistics.median(both), 3),
-                "tick_with_snapshot_ms_p99": round(nearest_rank(both, 0.99), 3),
+                **p50_p99("tick_ms", tick_ms, 3),
+                **p50_p99("tick_cpu_ms", cpu_ms, 3),
+                **p50_p99("snapshot_ms", snap_ms, 3),
+                **p50_p99("tick_with_snapshot_ms", both, 3),
                 "measured": "tick_ms: Observation + step(); snapshot_ms: FleetStore.snapshot()",
             }
         )

@@ -22,7 +22,7 @@ from functools import partial
 import httpx
 import uvicorn
 
-from planner.bench.percentile import nearest_rank
+from planner.bench.percentile import p50_p99
 from planner.service.app import create_app
 from planner.service.config import load_config
 from planner.service.runner import PlannerRunner
@@ -89,14 +89,10 @@ def run(args: argparse.Namespace) -> int:
             figures = {
                 "workers": args.workers,
                 "ranks": ranks,
-                "register_ms_p50": round(statistics.median(register_ms), 2),
-                "register_ms_p99": round(nearest_rank(register_ms, 0.99), 2),
-                "renew_ms_p50": round(statistics.median(renew_ms), 2),
-                "renew_ms_p99": round(nearest_rank(renew_ms, 0.99), 2),
-                "tick_ms_p50": round(statistics.median(ticks_ms), 2),
-                "tick_ms_p99": round(nearest_rank(ticks_ms, 0.99), 2),
-                "diagnostics_ms_p50": round(statistics.median(diag_ms), 2),
-                "diagnostics_ms_p99": round(nearest_rank(diag_ms, 0.99), 2),
+                **p50_p99("register_ms", register_ms, 2),
+                **p50_p99("renew_ms", renew_ms, 2),
+                **p50_p99("tick_ms", ticks_ms, 2),
+                **p50_p99("diagnostics_ms", diag_ms, 2),
                 "diagnostics_bytes": len(diag[-1][1].content),
                 "decisions_latest_ms_p50": round(statistics.median(latest_ms), 2),
                 "workers_list_ms_p50": round(statistics.median(workers_ms), 2),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.bench.percentile import nearest_rank
+from planner.bench.percentile import nearest_rank, p50_p99
 
 
 @pytest.mark.parametrize(
@@ -25,3 +25,9 @@ def test_nearest_rank_of_the_sorted_values(values: list[float], q: float, expect
 def test_nonsense_is_refused(values: list[float], q: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         nearest_rank(values, q)
+
+
+def test_p50_p99_names_the_median_and_the_nearest_rank_p99() -> None:
+    values = [float(i) / 3 for i in range(101)]
+    assert p50_p99("tick_ms", values, 3) == {"tick_ms_p50": 16.667, "tick_ms_p99": 33.0}
+    assert p50_p99("x", [1.0, 2.0], 1) == {"x_p50": 1.5, "x_p99": 2.0}  # the median interpolates, p99 does not
