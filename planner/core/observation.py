@@ -75,19 +75,79 @@ def _finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
+def _fraction_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and 0 <= value <= 1 else None
+
+
+def _count_or_none(value: int | None) -> int | None:
+    return value if value is not None and not isinstance(value, bool) and value >= 0 else None
+
+
 class Traffic(msgspec.Struct, frozen=True, kw_only=True):
-    """Request traffic into a role, when the caller knows it (router, gateway metrics, a replayed trace).
-    Non-finite or negative values are treated as unknown."""
+    """Request traffic into a role, when the caller knows it (a replayed trace, a router, or the FPM traffic
+    extension through :mod:`planner.ingest.traffic`). Every field is optional; non-finite or negative values
+    (and attainment fractions outside [0, 1]) are treated as unknown by :meth:`clean`.
+
+    Rates and means: ``request_rate_per_s`` (arrivals per second), ``isl_tokens``/``osl_tokens`` (mean input /
+    output sequence length). Distributions over the same window: ``isl_tokens_p50/p90/p99`` (prompt tokens of
+    the requests that arrived), ``osl_tokens_p50/p90/p99`` (output tokens of the requests that finished).
+
+    Observed latency (what users felt), over the window: ``ttft_ms_p50/p90/p99`` over the requests whose first
+    token was produced in the window, ``itl_ms_p50/p90/p99`` over the per-request mean ITL of the requests that
+    finished in it. ``ttft_attainment_frac``/``itl_attainment_frac``: the fraction of those requests at or
+    under the SLA target (``CoreConfig.sla.ttft_ms`` / ``itl_ms``); the producer computes it against the
+    targets it is given (the service and the replay pass the core's), from the extension's fixed log-bucket
+    histogram, interpolated inside the bucket that holds the target. ``ttft_samples_in_window`` /
+    ``itl_samples_in_window``: how many requests those figures rest on (a fraction over 3 requests is not one
+    over 3000). ``requests_in_window``: arrivals counted; ``window_s``: the span the figures cover (shorter
+    than the configured window while it fills).
+    """
 
     request_rate_per_s: float | None = None
     isl_tokens: float | None = None  # mean input sequence length
     osl_tokens: float | None = None  # mean output sequence length
+    isl_tokens_p50: float | None = None
+    isl_tokens_p90: float | None = None
+    isl_tokens_p99: float | None = None
+    osl_tokens_p50: float | None = None
+    osl_tokens_p90: float | None = None
+    osl_tokens_p99: float | None = None
+    ttft_ms_p50: float | None = None
+    ttft_ms_p90: float | None = None
+    ttft_ms_p99: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p90: float | None = None
+    itl_ms_p99: float | None = None
+    ttft_attainment_frac: float | None = None
+    itl_attainment_frac: float | None = None
+    ttft_samples_in_window: int | None = None
+    itl_samples_in_window: int | None = None
+    requests_in_window: int | None = None
+    window_s: float | None = None
 
     def clean(self) -> Traffic:
         return Traffic(
             request_rate_per_s=_finite_or_none(self.request_rate_per_s),
             isl_tokens=_finite_or_none(self.isl_tokens),
             osl_tokens=_finite_or_none(self.osl_tokens),
+            isl_tokens_p50=_finite_or_none(self.isl_tokens_p50),
+            isl_tokens_p90=_finite_or_none(self.isl_tokens_p90),
+            isl_tokens_p99=_finite_or_none(self.isl_tokens_p99),
+            osl_tokens_p50=_finite_or_none(self.osl_tokens_p50),
+            osl_tokens_p90=_finite_or_none(self.osl_tokens_p90),
+            osl_tokens_p99=_finite_or_none(self.osl_tokens_p99),
+            ttft_ms_p50=_finite_or_none(self.ttft_ms_p50),
+            ttft_ms_p90=_finite_or_none(self.ttft_ms_p90),
+            ttft_ms_p99=_finite_or_none(self.ttft_ms_p99),
+            itl_ms_p50=_finite_or_none(self.itl_ms_p50),
+            itl_ms_p90=_finite_or_none(self.itl_ms_p90),
+            itl_ms_p99=_finite_or_none(self.itl_ms_p99),
+            ttft_attainment_frac=_fraction_or_none(self.ttft_attainment_frac),
+            itl_attainment_frac=_fraction_or_none(self.itl_attainment_frac),
+            ttft_samples_in_window=_count_or_none(self.ttft_samples_in_window),
+            itl_samples_in_window=_count_or_none(self.itl_samples_in_window),
+            requests_in_window=_count_or_none(self.requests_in_window),
+            window_s=_finite_or_none(self.window_s),
         )
 
 
