@@ -1,5 +1,10 @@
 """``fpm-planner bench ingest``: FPM ingest rate over real ZMQ.
 
+Two modes. The default, *saturation* (``--publishers M --samples S``, ``"mode": "saturation"``), is described
+here: the ingest capacity of one core with few publishers. With ``--endpoints N --hz M --seconds T`` the bench
+runs the *paced* mode instead (:mod:`planner.bench.ingest_paced`): N endpoints publishing at a realistic rate
+into the real subscriber thread, with a decision tick running.
+
 M publishers (PUB sockets on loopback, in a child process pinned to another core) send N samples each into one
 :class:`~planner.ingest.subscriber.FpmSubscriber` + :class:`~planner.ingest.store.FleetStore` in this process,
 pinned to one core. The publishers send everything before the clock starts (the queues hold it all), then the
@@ -42,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="the subscriber's receive path: the C batch drain, pyzmq's recv_multipart, or the best built (default)",
     )
+    paced = parser.add_argument_group("paced mode (planner.bench.ingest_paced)")
+    paced.add_argument("--endpoints", type=int, help="paced mode: N endpoints publishing at --hz (default: off)")
+    paced.add_argument("--hz", type=float, default=10.0, help="paced mode: steps per second per endpoint (10)")
+    paced.add_argument("--seconds", type=float, default=10.0, help="paced mode: how long to publish (10)")
+    paced.add_argument("--dp", type=int, default=8, help="paced mode: ranks per worker; N is a multiple (8)")
+    paced.add_argument("--publisher-procs", type=int, default=2, help="paced mode: publisher processes (2)")
+    paced.add_argument("--tick-interval-s", type=float, default=0.5, help="paced mode: decision tick interval")
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
 
 
@@ -162,6 +174,7 @@ def measure(publishers: int, samples: int, window: int, receive_path: ReceivePat
     drops = {str(reason): n for reason, n in store.drops.items() if n and reason is not DropReason.STALE}
     return {
         "bench": "ingest",
+        "mode": "saturation",
         "publishers": publishers,
         "receive_path": sub.receive_path,
         "samples_sent": expected,
@@ -181,6 +194,8 @@ def measure(publishers: int, samples: int, window: int, receive_path: ReceivePat
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.endpoints is not None:
+        return _run_paced(args)
     if args.publishers < 1 or args.samples < 1 or args.window < 1:
         print("fpm-planner bench ingest: --publishers, --samples and --window must be >= 1", file=sys.stderr)
         return 2
@@ -189,4 +204,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"fpm-planner bench ingest: no native receive path: {NATIVE_UNAVAILABLE}", file=sys.stderr)
         return 2
     print(json.dumps(measure(args.publishers, args.samples, args.window, args.receive_path)))
+    return 0
+
+
+def _run_paced(args: argparse.Namespace) -> int:
+    from planner.bench.ingest_paced import measure_paced
+
+    try:
+        figures = measure_paced(
+            args.endpoints,
+            args.hz,
+            args.seconds,
+            dp=args.dp,
+            publisher_procs=args.publisher_procs,
+            window=args.window,
+            tick_interval_s=args.tick_interval_s,
+            receive_path=args.receive_path,
+        )
+    except ValueError as exc:
+        print(f"fpm-planner bench ingest: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(figures))
     return 0

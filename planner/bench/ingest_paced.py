@@ -1,0 +1,300 @@
+"""``fpm-planner bench ingest --endpoints N --hz M --seconds T``: the real subscriber at a paced, realistic rate.
+
+N endpoints (PUB sockets on loopback) publish one FPM step each at M Hz for T seconds, spread evenly over each
+period (an unsynchronized fleet, not bursts). They live in ``--publisher-procs`` child processes, each hosting
+many PUB sockets: on a small machine the publishers and the subscriber share the cores, so the publishers' own
+CPU is reported (``publisher_cpu_share``) and a run whose publishers could not keep the pace says so
+(``sent_samples_per_s`` below ``offered_samples_per_s``, ``publisher_max_lag_s``).
+
+This process runs the real :class:`~planner.ingest.subscriber.FpmSubscriber` receive thread into a
+:class:`~planner.ingest.store.FleetStore` (one SUB socket per endpoint, as in the service), and on its main
+thread a decision tick every ``--tick-interval-s``: snapshot under the subscriber's lock, then
+:func:`planner.core.step` over every discovered worker (as the service's runner does). Figures:
+
+- ``samples_per_s_held``: samples stored during the T paced seconds / T.
+- ``lost``: samples sent that were never stored (counted after a short drain); ``gaps``/``lost_samples``: what the
+  store saw as counter gaps (a PUB socket drops at its high-water mark when the subscriber falls behind).
+- ``ingest_thread_cpu_share``: the receive thread's CPU time / T (``/proc/self/task/<tid>/stat``), 1.0 = a core.
+- ``rss_mb`` and ``rss_per_endpoint_kb``: the subscriber process's resident memory at the end, and its growth
+  from before the endpoints were connected, per endpoint.
+- ``tick_ms_p50/p99``: wall time of one tick (snapshot + step) while ingest runs (nearest rank; with few ticks the
+  p99 is the maximum).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import resource
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from planner.bench.percentile import p50_p99
+from planner.core import CoreConfig, CoreState, DeploymentStatus, Observation, RoleConfig, Traffic, step
+from planner.discovery import EngineCapacity, Role, WorkerRecord
+from planner.ingest.native import ReceivePath
+from planner.ingest.store import DropReason, FleetStore
+from planner.ingest.subscriber import FpmSubscriber
+from worker_shim import fpm
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+__all__ = ["measure_paced"]
+
+_SLICE = 64  # sockets sent to back to back; a period is split into ceil(n / _SLICE) evenly spaced slices
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _sample(worker_id: str, dp_rank: int, counter: int) -> ForwardPassMetrics:
+    return ForwardPassMetrics(
+        worker_id=worker_id,
+        dp_rank=dp_rank,
+        counter_id=counter,
+        wall_time=0.02,
+        scheduled_requests=ScheduledRequests(
+            num_prefill_requests=1,
+            sum_prefill_tokens=512,
+            sum_prefill_kv_tokens=128,
+            num_decode_requests=32 + counter % 16,
+            sum_decode_kv_tokens=40_000,
+            var_decode_kv_tokens=900.0,
+        ),
+        queued_requests=QueuedRequests(num_prefill_requests=counter % 4, sum_prefill_tokens=500 * (counter % 4)),
+    )
+
+
+def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn: Connection) -> None:
+    """Child process: one PUB socket per ``(worker_id, dp_rank)``; heartbeats until "go", then one step per
+    socket per period for ``seconds``; reports what it sent, its CPU time and how far it fell behind."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, ctx.get(zmq.SOCKET_LIMIT))
+    socks = []
+    for _ in keys:
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.bind("tcp://127.0.0.1:*")
+        socks.append(sock)
+    conn.send([s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks])
+    counter = 0
+    while not conn.poll(0.1):  # heartbeats until the subscriber has heard every socket
+        counter += 1
+        for (wid, rank), sock in zip(keys, socks, strict=True):
+            sock.send_multipart(fpm.frames(fpm.heartbeat(wid, rank, counter)))
+    conn.recv()
+    cpu0 = time.process_time()
+    period_s = 1.0 / hz
+    slices = [list(range(i, min(i + _SLICE, len(socks)))) for i in range(0, len(socks), _SLICE)]
+    slice_s = period_s / len(slices)
+    frames = fpm.frames
+    sent = 0
+    max_lag_s = 0.0
+    start = time.monotonic()
+    rounds = max(1, round(seconds * hz))
+    for r in range(rounds):
+        counter += 1
+        for j, members in enumerate(slices):
+            due = start + r * period_s + j * slice_s
+            lag = time.monotonic() - due
+            if lag < 0:
+                time.sleep(-lag)
+            elif lag > max_lag_s:
+                max_lag_s = lag
+            for i in members:
+                wid, rank = keys[i]
+                socks[i].send_multipart(frames(_sample(wid, rank, counter)))
+            sent += len(members)
+    elapsed = max(time.monotonic() - start, rounds * period_s)  # the last period counts in full
+    conn.send({"sent": sent, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0, "max_lag_s": max_lag_s})
+    conn.recv()
+    for sock in socks:
+        sock.close(linger=0)
+    ctx.term()
+
+
+def _thread_cpu_s(native_id: int) -> float:
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14 and 15 of stat)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _fleet(endpoints: int, dp: int) -> dict[str, WorkerRecord]:
+    """``endpoints / dp`` aggregated workers of ``dp`` ranks, endpoints filled in later."""
+    capacity = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, kv_capacity_tokens=500_000)
+    return {
+        f"w{i}": WorkerRecord(
+            worker_id=f"w{i}",
+            role=Role.AGG,
+            service="agg",
+            dp_size=dp,
+            fpm_endpoints=tuple(f"tcp://placeholder-{i}:{r}" for r in range(dp)),
+            capacity=capacity,
+        )
+        for i in range(endpoints // dp)
+    }
+
+
+def measure_paced(
+    endpoints: int,
+    hz: float,
+    seconds: float,
+    *,
+    dp: int = 8,
+    publisher_procs: int = 2,
+    window: int = 256,
+    tick_interval_s: float = 0.5,
+    receive_path: ReceivePath = "auto",
+) -> dict[str, Any]:
+    """Run the paced publishers in child processes and the real subscriber + ticks here; returns the figures."""
+    if endpoints < 1 or dp < 1 or endpoints % dp or hz <= 0 or seconds <= 0 or publisher_procs < 1:
+        raise ValueError("need endpoints a positive multiple of dp, hz > 0, seconds > 0, publisher_procs >= 1")
+    _raise_fd_limit()
+    template = _fleet(endpoints, dp)
+    keys = [(wid, rank) for wid, record in template.items() for rank in range(record.dp_size)]
+    procs = min(publisher_procs, len(keys))
+    share = math.ceil(len(keys) / procs)
+    parts = [keys[i : i + share] for i in range(0, len(keys), share)]
+    spawn = mp.get_context("spawn")
+    pipes = []
+    children = []
+    for part in parts:
+        parent, child = spawn.Pipe()
+        proc = spawn.Process(target=_publish_paced, args=(part, hz, seconds, child), daemon=True)
+        proc.start()
+        pipes.append(parent)
+        children.append(proc)
+    bound: dict[tuple[str, int], str] = {}
+    for part, pipe in zip(parts, pipes, strict=True):
+        bound.update(zip(part, pipe.recv(), strict=True))
+    workers = {
+        wid: WorkerRecord(
+            worker_id=wid,
+            role=record.role,
+            service=record.service,
+            dp_size=record.dp_size,
+            fpm_endpoints=tuple(bound[(wid, r)] for r in range(record.dp_size)),
+            capacity=record.capacity,
+        )
+        for wid, record in template.items()
+    }
+    rss_before = _rss_mb()
+    store = FleetStore(ttl_s=10.0, window_size=window)
+    sub = FpmSubscriber(store, receive_path=receive_path)
+    sub.set_workers(workers)
+    sub.start()
+    deadline = time.monotonic() + 120
+    while True:
+        snap = sub.snapshot(time.monotonic())
+        if int(snap.totals.fresh.sum()) == len(keys):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {int(snap.totals.fresh.sum())} of {len(keys)} endpoints heard within 120 s")
+        time.sleep(0.2)
+    del snap
+    time.sleep(0.3)  # the last warm-up heartbeats
+
+    def stored_now() -> int:
+        with sub.lock:
+            return sum(store.rank_view(wid, rank, 0.0).samples for wid, rank in keys)
+
+    stored0 = stored_now()
+    # The receive thread, by the name the subscriber gives it.
+    native_id = next((t.native_id for t in threading.enumerate() if t.name == "fpm-subscriber"), None)
+    if native_id is None:
+        raise RuntimeError("the subscriber thread did not start")
+    cpu0 = _thread_cpu_s(native_id)
+    config = CoreConfig(roles={Role.AGG: RoleConfig(min_replicas=1, max_replicas=2 * len(workers))})
+    deployments = {"agg": DeploymentStatus(service="agg", desired=len(workers), ready=len(workers))}
+    traffic = {Role.AGG: Traffic(request_rate_per_s=400.0, isl_tokens=3000, osl_tokens=300)}
+    state = CoreState()
+    tick_ms: list[float] = []
+    for pipe in pipes:
+        pipe.send("go")
+    start = time.monotonic()
+    next_tick = start + tick_interval_s
+    while True:
+        now = time.monotonic()
+        if now >= start + seconds:
+            break
+        if now < next_tick:
+            time.sleep(min(next_tick, start + seconds) - now)
+            continue
+        next_tick += tick_interval_s
+        t0 = time.perf_counter()
+        snapshot = sub.snapshot(time.monotonic())
+        observation = Observation(workers=workers, fleet=snapshot, deployments=deployments, traffic=traffic)
+        state, _ = step(state, observation, time.monotonic(), config)
+        tick_ms.append((time.perf_counter() - t0) * 1000)
+        del snapshot, observation
+    held_span = time.monotonic() - start
+    stored_in_span = stored_now() - stored0
+    cpu_in_span = _thread_cpu_s(native_id) - cpu0
+    reports = [pipe.recv() for pipe in pipes]
+    # Drain what is still queued, then account for every sample.
+    last, quiet_since = -1, time.monotonic()
+    while time.monotonic() - quiet_since < 1.0:
+        time.sleep(0.2)
+        got = sub.received
+        if got != last:
+            last, quiet_since = got, time.monotonic()
+    stored = stored_now() - stored0
+    rss = _rss_mb()
+    with sub.lock:
+        views = [store.rank_view(wid, rank, 0.0) for wid, rank in keys]
+        drops = {str(r): n for r, n in store.drops.items() if n and r is not DropReason.STALE}
+    for pipe in pipes:
+        pipe.send("bye")
+    for proc in children:
+        proc.join(10)
+    sub.close()
+    sent = sum(r["sent"] for r in reports)
+    pub_elapsed = max(r["elapsed_s"] for r in reports)
+    return {
+        "bench": "ingest",
+        "mode": "paced",
+        "endpoints": endpoints,
+        "workers": len(workers),
+        "dp": dp,
+        "hz": hz,
+        "seconds": seconds,
+        "publisher_procs": len(parts),
+        "receive_path": sub.receive_path,
+        "offered_samples_per_s": round(endpoints * hz),
+        "sent": sent,
+        "sent_samples_per_s": round(sent / pub_elapsed) if pub_elapsed > 0 else None,
+        "publisher_max_lag_s": round(max(r["max_lag_s"] for r in reports), 3),
+        "publisher_cpu_share": round(sum(r["cpu_s"] for r in reports) / pub_elapsed, 3) if pub_elapsed else None,
+        "samples_per_s_held": round(stored_in_span / held_span),
+        "stored": stored,
+        "lost": sent - stored,
+        "gaps": sum(v.gaps for v in views),
+        "lost_samples": sum(v.lost_samples for v in views),
+        "drops_by_reason": drops,
+        "ingest_thread_cpu_share": round(cpu_in_span / held_span, 3),
+        "rss_mb": round(rss, 1),
+        "rss_per_endpoint_kb": round((rss - rss_before) * 1024 / endpoints, 1),
+        "ticks": len(tick_ms),
+        **(p50_p99("tick_ms", tick_ms, 2) if tick_ms else {}),
+        "loop_errors": sub.loop_errors,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "python": sys.version.split()[0],
+    }
