@@ -281,6 +281,7 @@ class SimFleet:
         self.gpu_s = 0.0
         self._gpu_count = 0
         self._gpu_since = 0.0
+        self._gpu_changes: list[tuple[float, int]] = []  # (time, GPUs held from then on), for billing spans
         self.scale_events: list[ScaleEvent] = []
         self.unroutable = 0
         self.steps_total = 0
@@ -395,6 +396,24 @@ class SimFleet:
         self._account(now)
         return self.gpu_s / 3600.0
 
+    def gpu_hours_between(self, start_s: float, end_s: float) -> float:
+        """GPU-hours held over ``[start_s, end_s]``; the count held at the last change continues past it (a
+        fleet is billed until ``end_s`` even when the simulation stopped earlier)."""
+        if end_s <= start_s:
+            return 0.0
+        total = 0.0
+        count = 0
+        since = start_s
+        for at, held in self._gpu_changes:
+            if at >= end_s:
+                break
+            if at > since:
+                total += count * (at - since)
+                since = at
+            count = held
+        total += count * (end_s - since)
+        return total / 3600.0
+
     def close(self, now: float) -> None:
         for reps in self.replicas.values():
             for rep in reps:
@@ -416,6 +435,7 @@ class SimFleet:
         self.replicas[role].append(rep)
         self._account(now)
         self._gpu_count += self.config.gpus_per_replica
+        self._gpu_changes.append((now, self._gpu_count))
         if delay <= 0:
             self._set_state(rep, ReplicaState.READY, now)
         else:
@@ -449,6 +469,7 @@ class SimFleet:
         elif state is ReplicaState.GONE:
             self._account(now)
             self._gpu_count -= self.config.gpus_per_replica
+            self._gpu_changes.append((now, self._gpu_count))
             if old in (ReplicaState.READY, ReplicaState.DRAINING):
                 self.sink.detach(rep.engine, now)
                 self.records = {k: v for k, v in self.records.items() if k != rep.engine.worker_id}

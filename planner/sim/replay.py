@@ -2,7 +2,9 @@
 
 The driver walks arrivals in time order; every ``policy.tick_s`` of simulated time it lets engines send idle
 heartbeats, hands the policy the fleet and the last tick's traffic, and samples the timeline. After the last
-arrival it keeps ticking until every request has finished (at most ``drain_s``).
+arrival it keeps ticking until every request has finished (at most ``drain_s``). Every policy (and the oracle)
+is billed over the same span, from the first arrival to the later of the last request's finish and the trace's
+end (:func:`billing_end_s`), whatever its tick.
 
 * :func:`run_policy` — one policy, one fleet.
 * :func:`run_oracle` — per window of ``window_s``, the fewest replicas (instantly ready, fresh fleet) whose
@@ -30,6 +32,7 @@ from planner.sim.traces import Trace
 __all__ = [
     "OracleResult",
     "RunResult",
+    "billing_end_s",
     "feasible_mask",
     "find_fixed_peak",
     "isolated_ttft_s",
@@ -210,12 +213,29 @@ def run_policy(
             do_tick(next_tick)
             next_tick += tick_s
     end = fleet.now
-    gpu_hours = fleet.gpu_hours(end)
+    gpu_hours = fleet.gpu_hours_between(t0, billing_end_s(trace, outcomes, lo, hi, fleet))
     fleet.close(end)
     if progress is not None:
         progress(label, 1.0)
     _fill_latency_timeline(timeline, outcomes, arrival, tick_s)
     return RunResult(label, outcomes, gpu_hours, fleet, timeline, time.perf_counter() - started, aborted)
+
+
+def billing_end_s(trace: Trace, outcomes: Outcomes, lo: int, hi: int, fleet: SimFleet | None = None) -> float:
+    """End of the span every policy is billed over: the later of the last request's finish and the trace's end
+    (its last arrival), for the requests ``[lo, hi)``. Requests still in ``fleet`` when the run stopped (it gave
+    up on them) extend it to the fleet's clock: their GPUs were held until then."""
+    if hi <= lo:
+        return float(trace.arrival_s[lo]) if lo < len(trace) else trace.duration_s
+    end = float(trace.arrival_s[hi - 1])
+    finish = outcomes.finish_s[lo:hi]
+    done = finish[np.isfinite(finish)]
+    if done.size:
+        end = max(end, float(done.max()))
+    if fleet is not None and done.size < finish.size:
+        if any(not r.engine.idle for reps in fleet.replicas.values() for r in reps) or fleet.pending_transfers:
+            end = max(end, fleet.now)
+    return end
 
 
 def _fill_latency_timeline(
@@ -310,16 +330,19 @@ def run_oracle(
         outcomes.finish_s[sl] = best.outcomes.finish_s[sl]
         outcomes.preemptions += best.outcomes.preemptions
     gpus = fleet_config.gpus_per_replica * roles
-    # Every window counts in full except the last, which counts until its requests have finished (the other
-    # policies' GPU-hours also end when the fleet has drained).
-    seconds = [window_s] * len(per_window)
-    if per_window:
-        lo = bounds[len(per_window) - 1]
-        finished = outcomes.finish_s[lo:]
-        finished = finished[np.isfinite(finished)]
-        start = float(edges[len(per_window) - 1])
-        seconds[-1] = min(window_s, max(float(finished.max()) - start, 0.0)) if finished.size else 0.0
-    gpu_hours = sum(n * sec for n, sec in zip(per_window, seconds, strict=True)) * gpus / 3600.0
+    # Billed over the span every policy is billed over (first arrival to the later of the last finish and the
+    # trace's end): each window's count over the part of the window inside that span.
+    start_s = float(trace.arrival_s[0]) if len(trace) else 0.0
+    end_s = billing_end_s(trace, outcomes, 0, len(trace))
+    busy = [w for w in range(len(per_window)) if bounds[w + 1] > bounds[w]]
+    last_busy = busy[-1] if busy else -1
+    gpu_seconds = 0.0
+    for w, n in enumerate(per_window[: last_busy + 1]):
+        lo_s = max(float(edges[w]), start_s)
+        # the last window with requests holds its replicas until they have all finished, however long that takes
+        hi_s = end_s if w == last_busy else min(float(edges[w]) + window_s, end_s)
+        gpu_seconds += n * max(hi_s - lo_s, 0.0)
+    gpu_hours = gpu_seconds * gpus / 3600.0
     if progress is not None:
         progress("oracle", 1.0)
     return (
