@@ -17,6 +17,11 @@ setup:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; }
 	chromium --version
+	# kubectl for the `kubectl describe` tests against the API emulator: Debian's kubernetes-client when none is on PATH.
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; fi; }
+	kubectl version --client
 
 # Runs every test, the real-vLLM ones included. pytest's exit code 5 (no tests collected) is a failure.
 test:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.fakes.k8s_api import events as _events
 from tests.fakes.k8s_api.schema import DGD_SCHEMA, SHARED_K8S, crd_schema, load_crd, validate
 
 __all__ = ["Fault", "K8sApiEmulator", "ResourceType"]
@@ -253,6 +254,7 @@ class K8sApiEmulator:
                 jp(scale["labelSelectorPath"]),
             ),
             ResourceType("nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment", DGD_SCHEMA),
+            *_events.extra_types(),  # Events, ConfigMaps, ReplicaSets (tests/fakes/k8s_api/events.py)
         ]
         self.types: dict[str, ResourceType] = {self._key(t.group, t.version, t.plural): t for t in types}
         self.adapter_controller = adapter_controller
@@ -773,7 +775,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if method == "GET" and query.get("watch") in ("true", "1"):
                 self._stream(parsed.path, query)
                 return
-            result = emu.handle(method, parsed.path, query, body, self.headers.get("Content-Type", ""))
+            result = _events.hook(emu, method, parsed.path, query)  # discovery, core Events, fieldSelector
+            if result is None:
+                result = emu.handle(method, parsed.path, query, body, self.headers.get("Content-Type", ""))
             self._send_json(201 if method == "POST" else 200, result)
         except _ApiError as err:
             try:
