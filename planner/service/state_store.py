@@ -198,24 +198,25 @@ class ConfigMapBackend:
             raise StateStoreError(f"cannot read {self._where()}: {exc.status} {exc.reason}") from exc
         except CLIENT_ERRORS as exc:
             raise StateStoreError(f"cannot read {self._where()}: {exc}") from exc
-        return decode_state((cm.data or {}).get(DATA_KEY), self._where()), cm.metadata.resource_version
+        version = cm.metadata.resource_version if cm.metadata is not None else None
+        return decode_state((cm.data or {}).get(DATA_KEY), self._where()), version
 
     def write(self, state: RuntimeState, version: str | None) -> str:
-        body: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": {"app.kubernetes.io/component": "fpm-planner-state"},
-            },
-            "data": {DATA_KEY: msgspec.json.encode(state).decode()},
-        }
+        body = k8s.V1ConfigMap(
+            api_version="v1",
+            kind="ConfigMap",
+            metadata=k8s.V1ObjectMeta(
+                name=self.name,
+                namespace=self.namespace,
+                labels={"app.kubernetes.io/component": "fpm-planner-state"},
+                resource_version=version,
+            ),
+            data={DATA_KEY: msgspec.json.encode(state).decode()},
+        )
         try:
             if version is None:
                 out = self._core.create_namespaced_config_map(self.namespace, body)
             else:
-                body["metadata"]["resourceVersion"] = version
                 out = self._core.replace_namespaced_config_map(self.name, self.namespace, body)
         except ApiException as exc:
             if exc.status == 409:
@@ -223,7 +224,7 @@ class ConfigMapBackend:
             raise StateStoreError(f"cannot write {self._where()}: {exc.status} {exc.reason}") from exc
         except CLIENT_ERRORS as exc:
             raise StateStoreError(f"cannot write {self._where()}: {exc}") from exc
-        return str(out.metadata.resource_version)
+        return str(out.metadata.resource_version if out.metadata is not None else "")
 
 
 class StateStore:
