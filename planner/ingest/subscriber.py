@@ -1,21 +1,32 @@
 """FPM subscriber: the I/O shell in front of :class:`~planner.ingest.store.FleetStore`.
 
 One ZMQ SUB socket per discovered endpoint (so every message is attributed to the endpoint it came from), all
-polled by one thread. Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket
-for disconnects, after which it reconnects (libzmq does not after an oversized message). Ready sockets are drained
-in batches, by the C drain of :mod:`planner.ingest.native` where it is built (``receive_path``); the store is
-updated under a lock that readers (:meth:`FpmSubscriber.snapshot`) share. Nothing raises out of the receive
-loop: a failure is counted in :attr:`FpmSubscriber.loop_errors` and the loop goes on.
+polled by one thread. Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket.
+Ready sockets are drained in batches, by the C drain of :mod:`planner.ingest.native` where it is built
+(``receive_path``); the store is updated under a lock that readers (:meth:`FpmSubscriber.snapshot`) share.
+Nothing raises out of the receive loop: a message that does not decode, whatever the error, is one
+``decode_error``; any other failure is counted in :attr:`FpmSubscriber.loop_errors` and the loop goes on.
+
+Connections (see ``docs/wire_and_ingest.md``). A SUB socket is never disconnected and reconnected in place: that
+leaves libzmq reading a terminated pipe mid-message and aborts the process (``Assertion failed: !_more``). Either
+libzmq reconnects the socket by itself (``ZMQ_RECONNECT_IVL`` doubling up to ``ZMQ_RECONNECT_IVL_MAX``, with
+jitter: a reset, a restart, a publisher that is down), or the socket is closed and a fresh one opened after an
+exponential backoff with jitter: when libzmq will not reconnect (a protocol error after the handshake, i.e. a
+message over ZMQ_MAXMSGSIZE: counted ``oversized``), and when an endpoint keeps dropping connections without
+delivering one decodable message (a non-ZMQ peer, a flapping proxy), so such an endpoint costs one attempt per
+backoff period instead of one every ``reconnect_ivl``. Every endpoint's counts are in :meth:`FpmSubscriber.links`.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -24,11 +35,100 @@ from planner.ingest.native import NATIVE_UNAVAILABLE, Drain, ReceivePath, drain_
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from worker_shim import fpm
 
-__all__ = ["FpmSubscriber"]
+__all__ = ["FpmSubscriber", "LinkStats", "ReconnectPolicy"]
 
 log = logging.getLogger(__name__)
 
 _BATCH = 256  # messages drained from one socket before moving to the next ready one
+_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """Reconnect timing. libzmq retries a connect that fails (refused, unreachable) after ``base_s``, doubling
+    up to ``max_s``, with its own jitter; the subscriber waits ``min(max_s, base_s * 2**k) * U(1 - jitter, 1)``
+    before reopening an endpoint that dropped ``k + 1`` connections in a row without a decodable message (and
+    ``base_s`` when libzmq gave up on it after a protocol error)."""
+
+    base_s: float = 0.1
+    max_s: float = 30.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.001 <= self.base_s <= self.max_s or not 0.0 <= self.jitter < 1.0:
+            raise ValueError("need 0.001 <= base_s <= max_s and 0 <= jitter < 1")
+
+    def delay_s(self, failures: int, rng: random.Random) -> float:
+        """The hold-off after ``failures`` consecutive failed connections (>= 0), jittered."""
+        raw = self.max_s if failures >= 64 else min(self.max_s, self.base_s * 2.0**failures)
+        return raw * (1.0 - self.jitter * rng.random())
+
+
+class LinkStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One endpoint's connection counters (cumulative since the endpoint was first followed)."""
+
+    endpoint: str
+    connected: bool  # a ZMTP handshake completed and the connection has not dropped since
+    connections: int  # ZMTP handshakes completed (the first connection included)
+    disconnects: int  # connections dropped (reset, publisher gone, protocol error)
+    reconnects: int  # connections re-established after a drop
+    connect_retries: int  # connect attempts libzmq retried (refused, unreachable)
+    protocol_errors: int  # drops libzmq would not recover from by itself (socket replaced)
+    socket_replacements: int  # SUB sockets closed and reopened by the subscriber
+    backoff_s: float  # the hold-off the endpoint is in now (0.0: none)
+
+
+class _Link:
+    """Mutable per-endpoint state of the receive thread."""
+
+    __slots__ = (
+        "backoff_s",
+        "connect_retries",
+        "connected",
+        "connections",
+        "disconnects",
+        "due",
+        "endpoint",
+        "failures",
+        "healthy",
+        "monitor",
+        "protocol_errors",
+        "reconnects",
+        "replacements",
+        "settled",
+        "sock",
+        "verdict",
+    )
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.sock: zmq.Socket[bytes] | None = None
+        self.monitor: zmq.Socket[bytes] | None = None
+        self.connected = False
+        self.healthy = True  # a decodable message arrived since the last drop (or nothing dropped yet)
+        self.settled = True  # libzmq showed it is handling the last drop (a retry or a new handshake)
+        self.due: float | None = None  # when to act: a verdict on the last drop, or reopen the socket
+        self.verdict = False  # at ``due``: a silent libzmq means a message over ZMQ_MAXMSGSIZE (``oversized``)
+        self.failures = 0  # drops in a row without a decodable message
+        self.backoff_s = 0.0
+        self.connections = 0
+        self.disconnects = 0
+        self.reconnects = 0
+        self.connect_retries = 0
+        self.protocol_errors = 0
+        self.replacements = 0
+
+    def stats(self) -> LinkStats:
+        return LinkStats(
+            endpoint=self.endpoint,
+            connected=self.connected,
+            connections=self.connections,
+            disconnects=self.disconnects,
+            reconnects=self.reconnects,
+            connect_retries=self.connect_retries,
+            protocol_errors=self.protocol_errors,
+            socket_replacements=self.replacements,
+            backoff_s=self.backoff_s,
+        )
 
 
 class FpmSubscriber:
@@ -43,6 +143,8 @@ class FpmSubscriber:
         clock: Callable[[], float] = time.monotonic,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         receive_path: ReceivePath = "auto",
+        reconnect: ReconnectPolicy | None = None,
+        seed: int | None = None,
     ) -> None:
         self.store = store
         native = native_drain()
@@ -54,10 +156,11 @@ class FpmSubscriber:
         self.max_msg_bytes = max_msg_bytes
         self.rcvhwm = rcvhwm
         self.clock = clock
+        self.reconnect = reconnect or ReconnectPolicy()
+        self._rng = random.Random(seed)
         self.lock = threading.Lock()
         self.loop_errors = 0
         self.received = 0
-        self.reconnects = 0
         # Each endpoint costs three ZMQ sockets (SUB, its monitor, the monitor's peer): a context of our own with the
         # socket limit raised, or the default of 1023 would cap the fleet at 341 endpoints.
         self._own_ctx = context is None
@@ -65,9 +168,10 @@ class FpmSubscriber:
         if self._own_ctx:
             self._ctx.set(zmq.MAX_SOCKETS, self._ctx.get(zmq.SOCKET_LIMIT))
         self._ctx.setsockopt(zmq.LINGER, 0)
-        self._sockets: dict[str, zmq.Socket[bytes]] = {}
-        self._monitors: dict[zmq.Socket[bytes], str] = {}
-        self._endpoint_of: dict[zmq.Socket[bytes], str] = {}
+        self._links: dict[str, _Link] = {}  # every endpoint followed, with or without an open socket
+        self._link_of: dict[zmq.Socket[bytes], _Link] = {}  # open SUB sockets
+        self._monitor_of: dict[zmq.Socket[bytes], _Link] = {}  # their monitors
+        self._due: set[_Link] = set()  # links with a timer (link.due)
         self._poller = zmq.Poller()
         self._pending_workers: Mapping[str, WorkerRecord] | None = None
         self._thread: threading.Thread | None = None
@@ -88,7 +192,17 @@ class FpmSubscriber:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        return tuple(self._sockets)
+        """Every endpoint followed (its socket may be closed for a backoff)."""
+        return tuple(self._links)
+
+    @property
+    def reconnects(self) -> int:
+        """Connections re-established after a drop, all endpoints."""
+        return sum(link.reconnects for link in list(self._links.values()))
+
+    def links(self) -> dict[str, LinkStats]:
+        """Every followed endpoint's connection counters (readable from any thread)."""
+        return {endpoint: link.stats() for endpoint, link in list(self._links.items())}
 
     def _apply_endpoints(self) -> None:
         with self.lock:
@@ -96,41 +210,52 @@ class FpmSubscriber:
         if workers is None:
             return
         wanted = {e for record in workers.values() for e in record.fpm_endpoints}
-        for endpoint in [e for e in self._sockets if e not in wanted]:
-            self._close(endpoint)
-        for endpoint in wanted - self._sockets.keys():
-            self._open(endpoint)
+        for endpoint in [e for e in self._links if e not in wanted]:
+            link = self._links.pop(endpoint)
+            self._close_socket(link)
+            self._due.discard(link)
+        for endpoint in wanted - self._links.keys():
+            link = _Link(endpoint)
+            if self._open_socket(link):
+                self._links[endpoint] = link
 
-    def _open(self, endpoint: str) -> None:
+    def _open_socket(self, link: _Link) -> bool:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)
         sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sock.setsockopt(zmq.RECONNECT_IVL, max(1, round(self.reconnect.base_s * 1000)))
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, round(self.reconnect.max_s * 1000)))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(_EVENTS)
         try:
-            sock.connect(endpoint)
+            sock.connect(link.endpoint)
         except zmq.ZMQError as exc:
-            log.warning("cannot connect to FPM endpoint %s: %s", endpoint, exc)
+            log.warning("cannot connect to FPM endpoint %s: %s", link.endpoint, exc)
             sock.disable_monitor()
             monitor.close()
             sock.close()
-            return
-        self._sockets[endpoint] = sock
-        self._endpoint_of[sock] = endpoint
-        self._monitors[monitor] = endpoint
+            return False
+        link.sock, link.monitor = sock, monitor
+        self._link_of[sock] = link
+        self._monitor_of[monitor] = link
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(monitor, zmq.POLLIN)
+        return True
 
-    def _close(self, endpoint: str) -> None:
-        sock = self._sockets.pop(endpoint)
-        del self._endpoint_of[sock]
-        monitor = next(m for m, e in self._monitors.items() if e == endpoint)
-        del self._monitors[monitor]
-        self._poller.unregister(sock)
-        self._poller.unregister(monitor)
-        sock.disable_monitor()
-        monitor.close()
-        sock.close()
+    def _close_socket(self, link: _Link) -> None:
+        """Close the link's SUB socket and its monitor (never a disconnect on a socket that stays open)."""
+        sock, monitor = link.sock, link.monitor
+        link.sock = link.monitor = None
+        link.connected = False
+        if sock is not None:
+            del self._link_of[sock]
+            self._poller.unregister(sock)
+            sock.disable_monitor()
+            sock.close()
+        if monitor is not None:
+            del self._monitor_of[monitor]
+            self._poller.unregister(monitor)
+            monitor.close()
 
     # -- receive ---------------------------------------------------------------------------------------------
 
@@ -142,6 +267,8 @@ class FpmSubscriber:
             except Exception:  # e.g. out of file descriptors: counted, retried on the next discovery change
                 self.loop_errors += 1
                 log.exception("cannot follow the discovered FPM endpoints")
+        if self._due:
+            timeout_ms = self._run_timers(timeout_ms)
         received = 0
         try:
             ready = self._poller.poll(timeout_ms)
@@ -150,55 +277,148 @@ class FpmSubscriber:
             log.warning("FPM poll failed: %s", exc)
             return 0
         # Monitor events first: a disconnect must be known before the messages of the connection that follows.
-        ready.sort(key=lambda item: item[0] not in self._monitors)
+        ready.sort(key=lambda item: item[0] not in self._monitor_of)
         for sock, _ in ready:
             try:
-                monitored = self._monitors.get(sock)
-                if monitored is not None:
-                    self._drain_monitor(sock, monitored)
+                link = self._monitor_of.get(sock)
+                if link is not None:
+                    received += self._drain_monitor(link)
                 else:
-                    received += self._drain(sock, self._endpoint_of[sock])
+                    link = self._link_of.get(sock)
+                    if link is not None:  # not closed by a monitor event of this round
+                        received += self._drain(sock, link)
             except Exception:  # the loop must survive anything one socket does
                 self.loop_errors += 1
                 log.exception("FPM receive failed")
         self.received += received
         return received
 
-    def _drain(self, sock: zmq.Socket[bytes], endpoint: str) -> int:
+    def _drain(self, sock: zmq.Socket[bytes], link: _Link) -> int:
         payloads, bad = self._drain_socket(sock, _BATCH)
         if payloads or bad:
+            endpoint = link.endpoint
             received_at = self.clock()
             store = self.store
             ingest = store.ingest
             decode = fpm.decode
+            decoded = 0
             with self.lock:
                 if bad:
                     store.drop(DropReason.BAD_FRAME, endpoint, bad)
                 for payload in payloads:
                     try:
                         sample = decode(payload)
-                    except fpm.FpmDecodeError:
+                    except Exception:  # FpmDecodeError, or anything a hostile payload provokes: one drop each
                         store.drop(DropReason.DECODE_ERROR, endpoint)
                         continue
-                    ingest(endpoint, sample, received_at, received_at)
+                    decoded += 1
+                    try:
+                        ingest(endpoint, sample, received_at, received_at)
+                    except Exception:  # never lose the rest of the batch to one sample
+                        self.loop_errors += 1
+                        log.exception("FPM ingest failed on %s", endpoint)
+            if decoded and not link.healthy:
+                link.healthy = True
+                link.failures = 0
         return len(payloads) + bad
 
-    def _drain_monitor(self, monitor: zmq.Socket[bytes], endpoint: str) -> None:
-        while True:
+    def _drain_monitor(self, link: _Link) -> int:
+        """Handle the link's connection events; returns the messages drained from a socket closed here."""
+        monitor = link.monitor
+        received = 0
+        while monitor is not None and link.monitor is monitor:
             try:
                 event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                with self.lock:
-                    self.store.note_disconnect(endpoint)
-                # After a protocol error (a message over ZMQ_MAXMSGSIZE) libzmq never reconnects on its own: one
-                # bad message would silence the worker for good. Reconnect explicitly; harmless after a restart.
-                sock = self._sockets.get(endpoint)
-                if sock is not None:
-                    sock.disconnect(endpoint)
-                    sock.connect(endpoint)
-                    self.reconnects += 1
+                break
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                link.connections += 1
+                if link.disconnects or link.replacements:
+                    link.reconnects += 1
+                link.connected = True
+                link.settled = True
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                link.connect_retries += 1
+                link.settled = True
+            elif kind == zmq.EVENT_DISCONNECTED:
+                received += self._on_disconnect(link)
+        return received
+
+    def _on_disconnect(self, link: _Link) -> int:
+        was_connected = link.connected
+        link.connected = False
+        link.disconnects += 1
+        with self.lock:
+            self.store.note_disconnect(link.endpoint)
+        if link.healthy:
+            # The first drop after good traffic: libzmq reconnects by itself, unless this was a protocol error
+            # (then it shows nothing more). The verdict waits ``base_s``; the socket keeps its backlog meanwhile.
+            link.healthy = False
+            link.settled = False
+            link.failures = 0
+            self._schedule(link, self.reconnect.base_s, verdict=was_connected)
+            return 0
+        # Drops in a row without one decodable message: close now (libzmq would retry every base_s) and reopen
+        # after an exponential backoff.
+        link.failures += 1
+        received = self._drain(link.sock, link) if link.sock is not None else 0
+        self._close_socket(link)
+        self._schedule(link, self.reconnect.delay_s(link.failures, self._rng), verdict=False)
+        return received
+
+    def _schedule(self, link: _Link, delay_s: float, *, verdict: bool) -> None:
+        link.due = time.monotonic() + delay_s
+        link.backoff_s = 0.0 if verdict or link.sock is not None else delay_s
+        link.verdict = verdict
+        self._due.add(link)
+
+    def _run_timers(self, timeout_ms: int) -> int:
+        """Act on the links whose timer expired; returns the poll timeout that wakes up for the next one."""
+        now = time.monotonic()
+        wake = now + timeout_ms / 1000
+        for link in list(self._due):
+            due = link.due
+            if due is None or link.endpoint not in self._links:
+                self._due.discard(link)
+                continue
+            if due > now:
+                wake = min(wake, due)
+                continue
+            self._due.discard(link)
+            link.due = None
+            try:
+                self._expire(link)
+            except Exception:
+                self.loop_errors += 1
+                log.exception("FPM reconnect of %s failed", link.endpoint)
+        return max(0, round((wake - now) * 1000))
+
+    def _expire(self, link: _Link) -> None:
+        if link.sock is None:  # the backoff is over: a fresh socket
+            link.backoff_s = 0.0
+            if self._open_socket(link):
+                link.replacements += 1
+            else:
+                self._schedule(link, self.reconnect.delay_s(link.failures + 1, self._rng), verdict=False)
+            return
+        if link.monitor is not None:
+            self.received += self._drain_monitor(link)
+        if link.settled or link.sock is None:
+            return
+        # No retry, no handshake since the drop: libzmq gave up on the connection (a protocol error). After a
+        # completed handshake, from a ZMQ publisher, that is a message over ZMQ_MAXMSGSIZE.
+        link.protocol_errors += 1
+        if link.verdict:
+            with self.lock:
+                self.store.drop(DropReason.OVERSIZED, link.endpoint)
+        self.received += self._drain(link.sock, link)
+        self._close_socket(link)
+        link.settled = True
+        if self._open_socket(link):
+            link.replacements += 1
+        else:
+            self._schedule(link, self.reconnect.delay_s(link.failures + 1, self._rng), verdict=False)
 
     # -- thread ----------------------------------------------------------------------------------------------
 
@@ -218,8 +438,10 @@ class FpmSubscriber:
             self._stop.set()
             self._thread.join(5.0)
             self._thread = None
-        for endpoint in list(self._sockets):
-            self._close(endpoint)
+        for link in self._links.values():
+            self._close_socket(link)
+        self._links.clear()
+        self._due.clear()
         if self._own_ctx:
             self._ctx.term()
 
