@@ -43,10 +43,20 @@ def _attach(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
     mod.add_arguments(parser)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fpm-planner")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fpm-planner", description="Metrics-driven autoscaling planner for vLLM fleets."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks that print one JSON line of figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

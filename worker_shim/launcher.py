@@ -130,19 +130,30 @@ def _default_service(args: argparse.Namespace) -> str:
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("fpm-worker")
     group.add_argument("--worker-id", default="", help=f"registered worker id (default: ${ENV_WORKER_ID})")
-    group.add_argument("--role", choices=[r.value for r in Role], default=Role.AGG.value)
+    group.add_argument(
+        "--role",
+        choices=[r.value for r in Role],
+        default=Role.AGG.value,
+        help="the worker's role in the service (default: agg)",
+    )
     group.add_argument("--service", default="", help="service name (default: the served model name)")
     group.add_argument(
         "--restore",
         action="store_true",
         help="start the engine without an id and push it to every DP rank before registering",
     )
-    group.add_argument("--sync-timeout-s", type=float, default=30.0)
+    group.add_argument(
+        "--sync-timeout-s", type=float, default=30.0, help="--restore: wait this long for the id sync (default: 30)"
+    )
     group.add_argument("--register-url", default="", help="planner registration API base URL")
     group.add_argument("--register-token-file", default="", help="file holding the API token ($FPM_REGISTER_TOKEN)")
     group.add_argument("--register-file", default="", help="static workers YAML file to keep this worker in")
-    group.add_argument("--lease-ttl-s", type=float, default=30.0)
-    group.add_argument("--advertise-host", default="", help="host the planner reaches the FPM ports on")
+    group.add_argument(
+        "--lease-ttl-s", type=float, default=30.0, help="registration lease, renewed every ttl/3 (default: 30)"
+    )
+    group.add_argument(
+        "--advertise-host", default="", help="host the planner reaches the FPM ports on (default: this host's FQDN)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,16 +265,40 @@ async def _run(args: argparse.Namespace, settings: LauncherSettings) -> int:
         sock.close()
 
 
+VLLM_HELP = "--help=vllm"
+
+
+def own_parser() -> argparse.ArgumentParser:
+    """The launcher's own flags only: ``fpm-worker --help`` prints this without importing vLLM."""
+    parser = argparse.ArgumentParser(
+        prog="fpm-worker",
+        usage="fpm-worker --model M --worker-id W (--register-url URL | --register-file F) [options] "
+        "[vllm serve flags]",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog=f"Every other flag is vLLM's (`vllm serve`): `fpm-worker {VLLM_HELP}` lists them "
+        "(`--help=all` or `--help=<group>` are passed to vLLM as they are).",
+    )
+    add_launcher_arguments(parser)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        own_parser().print_help()
+        return 0
+    if VLLM_HELP in argv:  # vLLM's own usage (imports vLLM: takes seconds)
+        argv = [a if a != VLLM_HELP else "--help" for a in argv]
     # Check the launcher's own flags before importing vLLM (which takes seconds), so a bad one fails fast.
     own = argparse.ArgumentParser(add_help=False)
     add_launcher_arguments(own)
     early, _ = own.parse_known_args(argv)
+    wants_help = any(a == "--help" or a.startswith("--help=") for a in argv)
     try:
-        LauncherSettings.from_args(early, os.environ)
+        if not wants_help:
+            LauncherSettings.from_args(early, os.environ)
     except (ConfigError, DiscoveryError, ValueError) as exc:
-        print(f"fpm-worker: {exc}", file=sys.stderr)
+        print(f"fpm-worker: {exc} (fpm-worker --help lists the flags)", file=sys.stderr)
         return EXIT_BAD_CONFIG
     parser = build_parser()
     args = parser.parse_args(argv)
