@@ -1,0 +1,211 @@
+"""FleetStore rows the mutation run showed missing: freshness and the stale drop at exactly ``ttl_s``, the restart
+rule for counters far behind / near zero / just behind (no disconnect), per-worker counts of batched drops, and the
+per-service load totals of a snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from planner.discovery import WorkerRecord, default_endpoints
+from planner.ingest.store import DropReason, FleetStore, LoadField
+from worker_shim import fpm
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+TTL_S = 5.0
+W1 = WorkerRecord(
+    worker_id="w1", role="decode", service="decode", dp_size=2, fpm_endpoints=default_endpoints("10.0.1.1", 2)
+)
+W2 = WorkerRecord(
+    worker_id="w2", role="decode", service="decode", dp_size=1, fpm_endpoints=default_endpoints("10.0.1.2", 1)
+)
+W3 = WorkerRecord(
+    worker_id="w3", role="prefill", service="prefill", dp_size=1, fpm_endpoints=default_endpoints("10.0.1.3", 1)
+)
+E10, E11 = W1.fpm_endpoints
+E20 = W2.fpm_endpoints[0]
+E30 = W3.fpm_endpoints[0]
+
+
+def step(worker_id: str, dp_rank: int, counter: int, **sched: int) -> ForwardPassMetrics:
+    return ForwardPassMetrics(
+        worker_id=worker_id,
+        dp_rank=dp_rank,
+        counter_id=counter,
+        wall_time=0.01,
+        scheduled_requests=ScheduledRequests(**sched) if sched else ScheduledRequests(num_decode_requests=1),
+    )
+
+
+def make_store(restart_tolerance: int = 64) -> FleetStore:
+    store = FleetStore(ttl_s=TTL_S, window_size=4, restart_tolerance=restart_tolerance)
+    store.set_workers({"w1": W1, "w2": W2, "w3": W3})
+    return store
+
+
+@pytest.mark.parametrize(
+    ("age_s", "fresh"),
+    [(TTL_S, True), (TTL_S - 0.25, True), (TTL_S + 0.25, False)],
+    ids=["exactly ttl_s old is fresh", "inside the ttl is fresh", "past the ttl is not"],
+)
+def test_freshness_at_the_ttl_edge(age_s: float, fresh: bool) -> None:
+    store = make_store()
+    store.ingest(E10, step("w1", 0, 0, num_decode_requests=3), 100.0, 100.0)
+    now = 100.0 + age_s
+    snap = store.snapshot(now)
+    assert snap.ranks[("w1", 0)].fresh is fresh
+    assert store.rank_view("w1", 0, now).fresh is fresh
+    assert snap.totals.fresh.tolist() == [fresh, False, False, False]
+    assert snap.totals.fresh_ranks.tolist() == [1 if fresh else 0, 0, 0]
+    assert snap.totals.load["decode"][LoadField.DECODE_REQUESTS] == (3 if fresh else 0)
+
+
+@pytest.mark.parametrize(
+    ("delay_s", "dropped"),
+    [(TTL_S, False), (TTL_S + 0.25, True)],
+    ids=["received exactly ttl_s ago is stored", "received longer ago is dropped as stale"],
+)
+def test_the_stale_drop_at_the_ttl_edge(delay_s: float, dropped: bool) -> None:
+    store = make_store()
+    out = store.ingest(E10, step("w1", 0, 0), 100.0, 100.0 + delay_s)
+    assert out is (DropReason.STALE if dropped else None)
+    assert store.drops[DropReason.STALE] == (1 if dropped else 0)
+    assert store.drops_by_worker.get("w1", {}).get(DropReason.STALE, 0) == (1 if dropped else 0)
+    assert store.rank_view("w1", 0, 100.0 + delay_s).samples == (0 if dropped else 1)
+
+
+@dataclass
+class CounterRow:
+    name: str
+    counters: tuple[int, ...]
+    drops: tuple[DropReason | None, ...]
+    restarts: int
+    gaps: int = 0
+    lost: int = 0
+
+
+COUNTER_ROWS = [
+    CounterRow(
+        "a counter far behind the last one is a restart, even without a disconnect",
+        (1000, 500),
+        (None, None),
+        1,
+    ),
+    CounterRow("a counter back near zero is a restart", (100, 3), (None, None), 1),
+    CounterRow(
+        "a counter exactly restart_tolerance behind (and >= it) is a replay",
+        (200, 136),
+        (None, DropReason.OUT_OF_ORDER),
+        0,
+    ),
+    CounterRow(
+        "a counter one more than restart_tolerance behind is a restart",
+        (200, 135),
+        (None, None),
+        1,
+    ),
+    CounterRow(
+        "a counter just behind, above the tolerance, is a replay",
+        (200, 199),
+        (None, DropReason.OUT_OF_ORDER),
+        0,
+    ),
+    CounterRow(
+        "a counter just below restart_tolerance is a restart even one step back",
+        (64, 63),
+        (None, None),
+        1,
+    ),
+    CounterRow("the same counter twice is a duplicate", (7, 7), (None, DropReason.OUT_OF_ORDER), 0),
+    CounterRow("the same counter 0 twice is a duplicate", (0, 0), (None, DropReason.OUT_OF_ORDER), 0),
+    CounterRow("the next counter is neither a gap nor a restart", (7, 8), (None, None), 0),
+    CounterRow("a skipped counter is one gap of one lost sample", (7, 9), (None, None), 0, 1, 1),
+    CounterRow(
+        "a restart then a gap in the new run",
+        (500, 0, 4),
+        (None, None, None),
+        1,
+        1,
+        3,
+    ),
+]
+
+
+@pytest.mark.parametrize("row", COUNTER_ROWS, ids=[r.name for r in COUNTER_ROWS])
+def test_counter_rules(row: CounterRow) -> None:
+    store = make_store(restart_tolerance=64)
+    drops = tuple(store.ingest(E10, step("w1", 0, c), 1.0 + i, 1.0 + i) for i, c in enumerate(row.counters))
+    assert drops == row.drops
+    view = store.rank_view("w1", 0, 1.0 + len(row.counters))
+    assert (view.restarts, view.gaps, view.lost_samples) == (row.restarts, row.gaps, row.lost)
+    assert view.samples == sum(1 for d in row.drops if d is None)
+    stored = [c for c, d in zip(row.counters, row.drops, strict=True) if d is None]
+    assert view.latest is not None and view.latest.counter_id == stored[-1]
+    assert store.drops[DropReason.OUT_OF_ORDER] == row.drops.count(DropReason.OUT_OF_ORDER)
+
+
+def test_batched_drops_count_each_message_for_the_fleet_and_the_worker() -> None:
+    store = make_store()
+    assert store.drop(DropReason.BAD_FRAME, E11, count=3) is DropReason.BAD_FRAME
+    store.drop(DropReason.BAD_FRAME, E10, count=2)
+    store.drop(DropReason.DECODE_ERROR, E20)
+    store.drop(DropReason.BAD_FRAME, "tcp://10.9.9.9:20380", count=4)  # nobody's endpoint: fleet-wide only
+    assert store.drops[DropReason.BAD_FRAME] == 9
+    assert store.drops[DropReason.DECODE_ERROR] == 1
+    assert store.drops_by_worker == {"w1": {DropReason.BAD_FRAME: 5}, "w2": {DropReason.DECODE_ERROR: 1}}
+    snap = store.snapshot(1.0)
+    assert snap.drops[DropReason.BAD_FRAME] == 9
+    assert snap.drops_by_worker["w1"] == {DropReason.BAD_FRAME: 5}
+
+
+def test_raw_frames_count_their_drops_per_worker() -> None:
+    store = make_store()
+    assert store.ingest_frames(E10, [b"", b"\x00" * 8], 1.0, 1.0) is DropReason.BAD_FRAME
+    assert store.ingest_frames(E10, [b"", b"\x00" * 7, b"x"], 1.0, 1.0) is DropReason.BAD_FRAME
+    assert store.ingest_frames(E10, [b"", b"\x00" * 8, b"junk"], 1.0, 1.0) is DropReason.DECODE_ERROR
+    assert store.ingest_frames(E10, list(fpm.frames(step("w1", 0, 5))), 1.0, 1.0) is None
+    assert store.drops_by_worker["w1"] == {DropReason.BAD_FRAME: 2, DropReason.DECODE_ERROR: 1}
+    assert store.rank_view("w1", 0, 1.0).samples == 1
+
+
+def test_snapshot_load_sums_the_newest_message_of_fresh_ranks_per_service() -> None:
+    store = make_store()
+    sample = ForwardPassMetrics(
+        worker_id="w1",
+        dp_rank=0,
+        counter_id=0,
+        wall_time=0.02,
+        scheduled_requests=ScheduledRequests(
+            num_prefill_requests=1, sum_prefill_tokens=300, num_decode_requests=5, sum_decode_kv_tokens=7000
+        ),
+        queued_requests=QueuedRequests(num_prefill_requests=2, sum_prefill_tokens=900, num_decode_requests=4),
+    )
+    store.ingest(E10, sample, 100.0, 100.0)
+    store.ingest(E11, step("w1", 1, 0, num_decode_requests=10, sum_decode_kv_tokens=1), 100.0, 100.0)
+    store.ingest(E11, step("w1", 1, 1, num_decode_requests=2, sum_decode_kv_tokens=20), 101.0, 101.0)  # newest counts
+    store.ingest(E20, step("w2", 0, 0, num_decode_requests=100), 90.0, 90.0)  # stale at 102
+    store.ingest(E30, step("w3", 0, 0, sum_prefill_tokens=64, num_prefill_requests=1), 101.0, 101.0)
+    load = store.snapshot(102.0).totals.load
+    assert load["decode"] == (900, 300, 7, 4, 7020, 3)
+    assert load["prefill"] == (0, 64, 0, 0, 0, 1)
+    assert [f.name for f in LoadField] == [
+        "QUEUED_PREFILL_TOKENS",
+        "SCHEDULED_PREFILL_TOKENS",
+        "DECODE_REQUESTS",
+        "QUEUED_DECODE_REQUESTS",
+        "DECODE_KV_TOKENS",
+        "PREFILL_REQUESTS",
+    ]
+
+
+def test_a_heartbeat_keeps_the_rank_fresh_and_zeroes_its_load() -> None:
+    store = make_store()
+    store.ingest(E20, step("w2", 0, 0, num_decode_requests=9), 100.0, 100.0)
+    store.ingest(E20, fpm.heartbeat("w2", 0, 1), 104.0, 104.0)
+    snap = store.snapshot(108.0)
+    view = snap.ranks[("w2", 0)]
+    assert view.fresh and (view.samples, view.heartbeats) == (1, 1)
+    assert view.last_active is not None and view.last_active.counter_id == 0
+    assert view.active_age_s == 8.0 and view.age_s == 4.0
+    assert snap.totals.load["decode"][LoadField.DECODE_REQUESTS] == 0
