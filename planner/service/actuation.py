@@ -131,7 +131,7 @@ class Actuation:
             outcome={} if outcome is None else msgspec.to_builtins(outcome),
         )
         self.history.add_outcome(entry)
-        self.metrics.observe_outcome(kind)
+        self.metrics.observe_outcome(kind, service=request.service)
         log.info("scale %s to %d (decision %s): %s %s", request.service, request.replicas, decision_id, kind, message)
         if kind in ("error", DEFERRED) or (
             outcome is not None

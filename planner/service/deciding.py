@@ -121,6 +121,8 @@ class Decider:
             entries.append(entry)
             metrics.observe_decision(
                 decision.role.value,
+                service=decision.service,
+                coverage=decision.coverage,
                 current=decision.current_replicas,
                 recommended=decision.recommended_replicas,
                 final=decision.final_replicas,

@@ -3,13 +3,20 @@
 The names are a contract with the Grafana dashboard (deploy/): change them together.
 
 =====================================================  ======================================================
-``fpm_planner_replicas{role,kind}``                    gauge; kind = current | recommended | final
-``fpm_planner_decision_reasons_total{role,reason}``    counter; one per reason per decision
-``fpm_planner_estimated_ttft_ms{role}``                gauge; the core's TTFT estimate at the final count
-``fpm_planner_estimated_itl_ms{role}``                 gauge; the core's ITL estimate at the final count
+``fpm_planner_replicas{role,service,kind}``            gauge; kind = current | recommended | final
+``fpm_planner_decision_reasons_total{role,service,reason}`` counter; one per reason per decision
+``fpm_planner_estimated_ttft_ms{role,service}``        gauge; the core's TTFT estimate at the final count
+``fpm_planner_estimated_itl_ms{role,service}``         gauge; the core's ITL estimate at the final count
 ``fpm_planner_fpm_drops_total{reason}``                counter; FPM samples dropped by the store, by reason
 ``fpm_planner_tick_duration_seconds``                  histogram; one decision tick, I/O included
-``fpm_planner_actuator_outcomes_total{outcome}``       counter; scale attempts by outcome
+``fpm_planner_actuator_outcomes_total{service,outcome}`` counter; scale attempts by outcome
+``fpm_planner_workers{role,service,classification}``   gauge; discovered workers by coverage classification
+                                                       (healthy | partial | silent | identity_not_synced |
+                                                       not_ready)
+``fpm_planner_coverage_complete{role,service}``        gauge; 1 when every ready replica and rank is covered
+``fpm_planner_leader``                                 gauge; 1 while this replica is the leader
+``fpm_planner_last_successful_tick_timestamp_seconds`` gauge; Unix time of the last tick that completed
+``fpm_planner_paused{service}``                        gauge; 1 while scaling is paused (``*``: all services)
 =====================================================  ======================================================
 """
 
@@ -19,6 +26,8 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from planner.core.decision import Coverage
 
 __all__ = ["CONTENT_TYPE_LATEST", "PlannerMetrics"]
 
@@ -31,25 +40,25 @@ class PlannerMetrics:
         self.replicas = Gauge(
             "fpm_planner_replicas",
             "Replicas per role: current, recommended and final (after clamps)",
-            ["role", "kind"],
+            ["role", "service", "kind"],
             registry=self.registry,
         )
         self.decision_reasons = Counter(
             "fpm_planner_decision_reasons",
             "Reasons given by decisions, per role",
-            ["role", "reason"],
+            ["role", "service", "reason"],
             registry=self.registry,
         )
         self.estimated_ttft_ms = Gauge(
             "fpm_planner_estimated_ttft_ms",
             "Estimated TTFT at the final replica count (ms)",
-            ["role"],
+            ["role", "service"],
             registry=self.registry,
         )
         self.estimated_itl_ms = Gauge(
             "fpm_planner_estimated_itl_ms",
             "Estimated ITL at the final replica count (ms)",
-            ["role"],
+            ["role", "service"],
             registry=self.registry,
         )
         self.fpm_drops = Counter(
@@ -67,8 +76,29 @@ class PlannerMetrics:
         self.actuator_outcomes = Counter(
             "fpm_planner_actuator_outcomes",
             "Scale attempts by outcome",
-            ["outcome"],
+            ["service", "outcome"],
             registry=self.registry,
+        )
+        self.workers = Gauge(
+            "fpm_planner_workers",
+            "Discovered workers by coverage classification",
+            ["role", "service", "classification"],
+            registry=self.registry,
+        )
+        self.coverage_complete = Gauge(
+            "fpm_planner_coverage_complete",
+            "1 when every ready replica and rank is covered by fresh, attributable FPM",
+            ["role", "service"],
+            registry=self.registry,
+        )
+        self.leader = Gauge("fpm_planner_leader", "1 while this replica is the leader", registry=self.registry)
+        self.last_successful_tick = Gauge(
+            "fpm_planner_last_successful_tick_timestamp_seconds",
+            "Unix time of the last tick that completed",
+            registry=self.registry,
+        )
+        self.paused = Gauge(
+            "fpm_planner_paused", "1 while scaling is paused ('*': every service)", ["service"], registry=self.registry
         )
         self._drops_seen: dict[str, int] = {}
 
@@ -86,6 +116,8 @@ class PlannerMetrics:
         self,
         role: str,
         *,
+        service: str = "",
+        coverage: Coverage | None = None,
         current: int,
         recommended: int,
         final: int,
@@ -93,18 +125,37 @@ class PlannerMetrics:
         ttft_ms: float | None,
         itl_ms: float | None,
     ) -> None:
-        self.replicas.labels(role=role, kind="current").set(current)
-        self.replicas.labels(role=role, kind="recommended").set(recommended)
-        self.replicas.labels(role=role, kind="final").set(final)
+        self.replicas.labels(role=role, service=service, kind="current").set(current)
+        self.replicas.labels(role=role, service=service, kind="recommended").set(recommended)
+        self.replicas.labels(role=role, service=service, kind="final").set(final)
         for reason in reasons:
-            self.decision_reasons.labels(role=role, reason=str(reason)).inc()
+            self.decision_reasons.labels(role=role, service=service, reason=str(reason)).inc()
         if ttft_ms is not None:
-            self.estimated_ttft_ms.labels(role=role).set(ttft_ms)
+            self.estimated_ttft_ms.labels(role=role, service=service).set(ttft_ms)
         if itl_ms is not None:
-            self.estimated_itl_ms.labels(role=role).set(itl_ms)
+            self.estimated_itl_ms.labels(role=role, service=service).set(itl_ms)
+        if coverage is not None:
+            counts = {
+                "healthy": coverage.healthy,
+                "partial": coverage.partial,
+                "silent": coverage.silent,
+                "identity_not_synced": coverage.identity_not_synced,
+                "not_ready": coverage.not_ready,
+            }
+            for classification, count in counts.items():
+                self.workers.labels(role=role, service=service, classification=classification).set(count)
+            self.coverage_complete.labels(role=role, service=service).set(1 if coverage.complete else 0)
 
-    def observe_outcome(self, outcome: str) -> None:
-        self.actuator_outcomes.labels(outcome=str(outcome)).inc()
+    def observe_outcome(self, outcome: str, service: str = "") -> None:
+        self.actuator_outcomes.labels(service=service, outcome=str(outcome)).inc()
+
+    def observe_tick(self, *, leader: bool, completed_at_s: float) -> None:
+        """After a tick that completed: leadership and the time it completed (Unix seconds)."""
+        self.leader.set(1 if leader else 0)
+        self.last_successful_tick.set(completed_at_s)
+
+    def set_paused(self, service: str, paused: bool) -> None:
+        self.paused.labels(service=service).set(1 if paused else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

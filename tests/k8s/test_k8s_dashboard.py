@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from planner.core.decision import Coverage
+from planner.discovery import Role
 from planner.service.metrics import PlannerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "fpm-planner.json"
@@ -17,11 +19,25 @@ pytestmark = pytest.mark.kubernetes
 
 def exported_names() -> set[str]:
     metrics = PlannerMetrics()
+    coverage = Coverage(
+        role=Role.DECODE, service="decode", discovered=1, healthy=1, partial=0, silent=0, identity_not_synced=0,
+        not_ready=0, ranks_expected=1, ranks_fresh=1, deployment_desired=1, deployment_ready=1, complete=True,
+    )  # fmt: skip
     metrics.observe_decision(
-        "decode", current=1, recommended=2, final=2, reasons=("scale_up",), ttft_ms=1.0, itl_ms=1.0
+        "decode",
+        service="decode",
+        coverage=coverage,
+        current=1,
+        recommended=2,
+        final=2,
+        reasons=("scale_up",),
+        ttft_ms=1.0,
+        itl_ms=1.0,
     )
     metrics.observe_drops({"unknown_worker": 1})
-    metrics.observe_outcome("applied")
+    metrics.observe_outcome("applied", service="decode")
+    metrics.observe_tick(leader=True, completed_at_s=1.0)
+    metrics.set_paused("decode", False)
     metrics.tick_duration_seconds.observe(0.01)
     text = metrics.render().decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
@@ -51,4 +67,4 @@ def test_dashboard_is_well_formed() -> None:
         assert panel["targets"] and panel["title"] and set(panel["gridPos"]) == {"x", "y", "w", "h"}
         for target in panel["targets"]:
             assert target["expr"].count("(") == target["expr"].count(")")
-    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "instance", "role"}
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "instance", "role", "service"}

@@ -146,16 +146,16 @@ def test_a_follower_decides_but_never_acts_and_a_leader_acts() -> None:
         assert fleet.desired(fleet.config.roles[0]) == 3
         assert served.http.get("/v1/diagnostics").json()["leadership"] == "leader"
         metrics = served.http.get("/metrics").text
-        assert 'fpm_planner_actuator_outcomes_total{outcome="not_leader"}' in metrics
-        assert 'fpm_planner_actuator_outcomes_total{outcome="applied"} 1.0' in metrics
+        assert 'fpm_planner_actuator_outcomes_total{outcome="not_leader",service="sim-agg"}' in metrics
+        assert 'fpm_planner_actuator_outcomes_total{outcome="applied",service="sim-agg"} 1.0' in metrics
 
 
 def test_metrics_follow_decisions(one_tick: Served) -> None:
     text = one_tick.http.get("/metrics").text
-    assert 'fpm_planner_replicas{kind="final",role="decode"}' in text
-    assert 'fpm_planner_replicas{kind="current",role="decode"}' in text
-    assert 'fpm_planner_replicas{kind="recommended",role="decode"}' in text
-    assert 'fpm_planner_decision_reasons_total{reason="hold",role="decode"} 1.0' in text
+    assert 'fpm_planner_replicas{kind="final",role="decode",service="decode"}' in text
+    assert 'fpm_planner_replicas{kind="current",role="decode",service="decode"}' in text
+    assert 'fpm_planner_replicas{kind="recommended",role="decode",service="decode"}' in text
+    assert 'fpm_planner_decision_reasons_total{reason="hold",role="decode",service="decode"} 1.0' in text
     assert "fpm_planner_tick_duration_seconds_count 1.0" in text
 
 
