@@ -8,20 +8,20 @@ from dataclasses import dataclass
 
 import pytest
 
-from planner.discovery import WorkerRecord, default_endpoints
+from planner.discovery import Role, WorkerRecord, default_endpoints
 from planner.ingest.store import DropReason, FleetStore, LoadField
 from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
 TTL_S = 5.0
 W1 = WorkerRecord(
-    worker_id="w1", role="decode", service="decode", dp_size=2, fpm_endpoints=default_endpoints("10.0.1.1", 2)
+    worker_id="w1", role=Role.DECODE, service="decode", dp_size=2, fpm_endpoints=default_endpoints("10.0.1.1", 2)
 )
 W2 = WorkerRecord(
-    worker_id="w2", role="decode", service="decode", dp_size=1, fpm_endpoints=default_endpoints("10.0.1.2", 1)
+    worker_id="w2", role=Role.DECODE, service="decode", dp_size=1, fpm_endpoints=default_endpoints("10.0.1.2", 1)
 )
 W3 = WorkerRecord(
-    worker_id="w3", role="prefill", service="prefill", dp_size=1, fpm_endpoints=default_endpoints("10.0.1.3", 1)
+    worker_id="w3", role=Role.PREFILL, service="prefill", dp_size=1, fpm_endpoints=default_endpoints("10.0.1.3", 1)
 )
 E10, E11 = W1.fpm_endpoints
 E20 = W2.fpm_endpoints[0]
