@@ -12,15 +12,18 @@ and hands them here, so what a sample *means* is decided (and tested) in one pla
 - ``sum_decode_kv_tokens`` / ``var_decode_kv_tokens``: context (tokens already in KV) of each decode request.
 - Queued: a waiting request that is preempted or waiting for remote KV is a queued **decode**; any other waiting
   request is a queued **prefill** of ``num_tokens - num_computed_tokens`` tokens (sum and variance over those).
+- Traffic extension (:class:`TrafficAccumulator`): the scheduler reports each arrival, first token and
+  completion as it happens; :meth:`TrafficAccumulator.take` turns what gathered since the last step sample into
+  that sample's :class:`~worker_shim.fpm.StepTraffic`. The cost is per event, not per request in the batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from worker_shim.fpm import QueuedRequests, ScheduledRequests
+from worker_shim.fpm import LogHistogram, QueuedRequests, ScheduledRequests, StepTraffic, bucket_index
 
-__all__ = ["population_variance", "queued_requests", "scheduled_requests"]
+__all__ = ["TrafficAccumulator", "population_variance", "queued_requests", "scheduled_requests"]
 
 
 def population_variance(count: int, total: int, total_sq: int) -> float:
@@ -75,3 +78,70 @@ def queued_requests(entries: Iterable[tuple[int, int, bool]]) -> QueuedRequests:
         var_prefill_length=population_variance(n_pre, pre_tokens, pre_tokens_sq),
         num_decode_requests=n_dec,
     )
+
+
+class _Hist:
+    __slots__ = ("buckets", "count", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.buckets: dict[int, int] = {}
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        k = bucket_index(value)
+        self.buckets[k] = self.buckets.get(k, 0) + 1
+
+    def take(self) -> LogHistogram:
+        out = LogHistogram(count=self.count, sum=self.total, buckets=self.buckets)
+        self.count = 0
+        self.total = 0.0
+        self.buckets = {}
+        return out
+
+
+_EMPTY_TRAFFIC = StepTraffic()
+_EMPTY_HIST = LogHistogram()
+
+
+class TrafficAccumulator:
+    """What happened to requests since the last step sample; see the module docstring. Values must be finite
+    and >= 0 (the caller clamps clock skew to 0)."""
+
+    __slots__ = ("_arrivals", "_completions", "_itl", "_ttft", "events")
+
+    def __init__(self) -> None:
+        self._arrivals = _Hist()
+        self._completions = _Hist()
+        self._ttft = _Hist()
+        self._itl = _Hist()
+        self.events = 0  # events since the last take()
+
+    def arrival(self, prompt_tokens: int) -> None:
+        self._arrivals.add(prompt_tokens)
+        self.events += 1
+
+    def first_token(self, ttft_ms: float) -> None:
+        self._ttft.add(ttft_ms)
+        self.events += 1
+
+    def completion(self, output_tokens: int, itl_ms: float | None) -> None:
+        """A finished request; ``itl_ms`` is its mean inter-token latency (None below two output tokens)."""
+        self._completions.add(output_tokens)
+        if itl_ms is not None:
+            self._itl.add(itl_ms)
+        self.events += 1
+
+    def take(self) -> StepTraffic:
+        """The extension for the step sample being published, and start over."""
+        if not self.events:
+            return _EMPTY_TRAFFIC
+        self.events = 0
+        return StepTraffic(
+            arrivals=self._arrivals.take() if self._arrivals.count else _EMPTY_HIST,
+            completions=self._completions.take() if self._completions.count else _EMPTY_HIST,
+            ttft_ms=self._ttft.take() if self._ttft.count else _EMPTY_HIST,
+            itl_ms=self._itl.take() if self._itl.count else _EMPTY_HIST,
+        )

@@ -3,12 +3,15 @@
 The engine's step loop calls :meth:`FpmPublisher.publish`, which never blocks: when the queue is full the sample
 is dropped and counted. The thread assigns ``counter_id`` (one sequence for samples and heartbeats), stamps the
 *current* worker id (so :meth:`FpmPublisher.set_worker_id` applies to step samples and heartbeats alike), and
-sends an idle heartbeat when nothing was sent for ``heartbeat_interval_s``.
+sends an idle heartbeat when nothing was sent for ``heartbeat_interval_s``. Every message of one publisher run
+carries its ``run_id``, a random u64 drawn at :meth:`FpmPublisher.start`: a subscriber tells a restart (new run id,
+counter from 0) from loss by it.
 """
 
 from __future__ import annotations
 
 import queue
+import secrets
 import threading
 import time
 
@@ -16,9 +19,9 @@ import msgspec
 import zmq
 
 from worker_shim import fpm
-from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests, StepTraffic
 
-__all__ = ["DEFAULT_PORT_BASE", "FpmPublisher", "PublisherStats", "bind_endpoint"]
+__all__ = ["DEFAULT_PORT_BASE", "FpmPublisher", "PublisherStats", "bind_endpoint", "new_run_id"]
 
 DEFAULT_PORT_BASE = 20380
 
@@ -34,12 +37,18 @@ def bind_endpoint(
     return f"tcp://{host}:{base_port + dp_rank}"
 
 
+def new_run_id() -> int:
+    """A random non-zero u64 for one publisher run."""
+    return secrets.randbits(64) or 1
+
+
 class PublisherStats(msgspec.Struct, frozen=True, kw_only=True):
     sent: int
     heartbeats: int
     dropped_queue_full: int
     dropped_send: int
     counter_id: int
+    run_id: int = 0
 
     @property
     def dropped(self) -> int:
@@ -66,6 +75,7 @@ class FpmPublisher:
         topic: bytes = b"",
         sndhwm: int = 100_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        run_id: int | None = None,
     ) -> None:
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
@@ -76,9 +86,9 @@ class FpmPublisher:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.topic = topic
         self._worker_id = worker_id
-        self._queue: queue.SimpleQueue[tuple[float, ScheduledRequests, QueuedRequests] | None] = (
-            queue.SimpleQueue()
-        )  # None stops
+        self._queue: queue.SimpleQueue[
+            tuple[float, ScheduledRequests, QueuedRequests, StepTraffic | msgspec.UnsetType] | None
+        ] = queue.SimpleQueue()  # None stops
         self._queue_size = queue_size
         self._pending = 0  # approximate queue depth; SimpleQueue has no bound of its own
         self._lock = threading.Lock()
@@ -93,6 +103,9 @@ class FpmPublisher:
         self._dropped_queue_full = 0
         self._dropped_send = 0
         self._counter = 0
+        self._fixed_run_id = run_id
+        #: This run's id (drawn at :meth:`start` unless given); 0 before the first start.
+        self.run_id = 0
         self.bound_endpoint: str | None = None
 
     # -- identity --------------------------------------------------------------------------------------------
@@ -111,6 +124,8 @@ class FpmPublisher:
         """Bind and start the sending thread; raises if the endpoint cannot be bound."""
         if self._thread is not None:
             return self
+        self.run_id = self._fixed_run_id if self._fixed_run_id is not None else new_run_id()
+        self._counter = 0
         self._thread = threading.Thread(target=self._run, name=f"fpm-publisher-{self.dp_rank}", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -135,14 +150,21 @@ class FpmPublisher:
 
     # -- the engine's side -----------------------------------------------------------------------------------
 
-    def publish(self, wall_time: float, scheduled: ScheduledRequests, queued: QueuedRequests) -> bool:
-        """Queue one step sample; never blocks. Returns False (and counts it) when the queue is full."""
+    def publish(
+        self,
+        wall_time: float,
+        scheduled: ScheduledRequests,
+        queued: QueuedRequests,
+        traffic: StepTraffic | msgspec.UnsetType = msgspec.UNSET,
+    ) -> bool:
+        """Queue one step sample (with the optional traffic extension); never blocks. Returns False (and counts
+        it) when the queue is full."""
         with self._lock:
             if self._pending >= self._queue_size or self._thread is None:
                 self._dropped_queue_full += 1
                 return False
             self._pending += 1
-        self._queue.put((wall_time, scheduled, queued))
+        self._queue.put((wall_time, scheduled, queued, traffic))
         return True
 
     def stats(self) -> PublisherStats:
@@ -153,6 +175,7 @@ class FpmPublisher:
                 dropped_queue_full=self._dropped_queue_full,
                 dropped_send=self._dropped_send,
                 counter_id=self._counter,
+                run_id=self.run_id,
             )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -187,19 +210,22 @@ class FpmPublisher:
                 try:
                     item = get(timeout=max(0.0, next_heartbeat - time.monotonic()))
                 except queue.Empty:
-                    self._send(sock, fpm.heartbeat(self._worker_id, self.dp_rank, self._counter), heartbeat=True)
+                    beat = fpm.heartbeat(self._worker_id, self.dp_rank, self._counter, self.run_id)
+                    self._send(sock, beat, heartbeat=True)
                     next_heartbeat = time.monotonic() + self.heartbeat_interval_s
                     continue
                 if item is None:
                     break
-                wall_time, scheduled, queued = item
+                wall_time, scheduled, queued, traffic = item
                 sample = ForwardPassMetrics(
                     worker_id=self._worker_id,
                     dp_rank=self.dp_rank,
                     counter_id=self._counter,
+                    run_id=self.run_id,
                     wall_time=wall_time,
                     scheduled_requests=scheduled,
                     queued_requests=queued,
+                    traffic=traffic,
                 )
                 with self._lock:
                     self._pending -= 1
