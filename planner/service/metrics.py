@@ -14,6 +14,8 @@ The names are a contract with the Grafana dashboard (deploy/): change them toget
                                                        (healthy | partial | silent | identity_not_synced |
                                                        not_ready)
 ``fpm_planner_coverage_complete{role,service}``        gauge; 1 when every ready replica and rank is covered
+``fpm_planner_capped_at_max_predicted_miss{role,service}`` gauge; 1 when the final count is held at max_replicas
+                                                       while the SLA needs more (the SLA is predicted missed)
 ``fpm_planner_leader``                                 gauge; 1 while this replica is the leader
 ``fpm_planner_last_successful_tick_timestamp_seconds`` gauge; Unix time of the last tick that completed
 ``fpm_planner_paused{service}``                        gauge; 1 while scaling is paused (``*``: all services)
@@ -29,7 +31,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from planner.core.decision import Coverage
 
-__all__ = ["CONTENT_TYPE_LATEST", "PlannerMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "PlannerMetrics", "capped_at_max_with_predicted_miss"]
+
+_SLA_SHORT = frozenset({"sla_needs_more", "sla_unreachable"})
+
+
+def capped_at_max_with_predicted_miss(reasons: tuple[str, ...], *, recommended: int, final: int) -> bool:
+    """Held at ``max_replicas`` while the SLA recommendation wanted more: the SLA is predicted to be missed."""
+    return "clamped_to_max" in reasons and recommended > final and not _SLA_SHORT.isdisjoint(reasons)
 
 
 class PlannerMetrics:
@@ -91,6 +100,12 @@ class PlannerMetrics:
             ["role", "service"],
             registry=self.registry,
         )
+        self.capped_at_max_predicted_miss = Gauge(
+            "fpm_planner_capped_at_max_predicted_miss",
+            "1 when the final count is held at max_replicas while the SLA needs more replicas",
+            ["role", "service"],
+            registry=self.registry,
+        )
         self.leader = Gauge("fpm_planner_leader", "1 while this replica is the leader", registry=self.registry)
         self.last_successful_tick = Gauge(
             "fpm_planner_last_successful_tick_timestamp_seconds",
@@ -134,6 +149,8 @@ class PlannerMetrics:
             self.estimated_ttft_ms.labels(role=role, service=service).set(ttft_ms)
         if itl_ms is not None:
             self.estimated_itl_ms.labels(role=role, service=service).set(itl_ms)
+        capped = capped_at_max_with_predicted_miss(reasons, recommended=recommended, final=final)
+        self.capped_at_max_predicted_miss.labels(role=role, service=service).set(1 if capped else 0)
         if coverage is not None:
             counts = {
                 "healthy": coverage.healthy,
