@@ -1,0 +1,227 @@
+"""NATS ingest source: FPM samples from NATS subjects into a :class:`~planner.ingest.store.FleetStore`, the same
+way :class:`~planner.ingest.subscriber.FpmSubscriber` feeds it from ZMQ sockets.
+
+A message on ``fpm.<ns>.<service>.<worker_id>.<dp_rank>`` (:mod:`planner.transport.subjects`) carries one FPM
+payload, unchanged from the shim's ZMQ frame. The subject takes the place of the ZMQ endpoint: it is mapped to
+the endpoint discovery lists for that worker and rank, and the sample is ingested as if it had arrived there. So
+attribution and every drop reason are the store's own: a payload whose ``worker_id`` or ``dp_rank`` disagrees
+with its subject is ``foreign_endpoint`` (or ``empty_worker_id``, which names the worker
+``identity_not_synced``), a subject of no discovered worker is ``unknown_worker``, and so on. The subject's
+worker id is trusted because the server enforced the publisher's credentials
+(:mod:`planner.transport.nats_config`).
+
+NATS core delivery is at most once: what is lost while a connection is down shows up as a counter gap
+(``gaps``/``lost_samples`` of the rank), as a jump in ``counter_id`` always does. (The ZMQ path's disconnect
+notice is not used: after a NATS reconnect the same publisher run carrying on is normal, not an oversized
+message.)
+
+One thread runs an asyncio loop with the NATS client; it reconnects forever. Readers share :attr:`lock` with the
+ingest, as with the ZMQ subscriber. Nothing raises out of the receive path (``loop_errors``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import SlowConsumerError
+
+from planner.discovery import WorkerRecord
+from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
+from planner.transport.subjects import namespace_wildcard, subject
+from worker_shim import fpm
+
+__all__ = ["NatsFpmSource"]
+
+log = logging.getLogger(__name__)
+
+_UNROUTED = "nats:"  # prefix of the pseudo endpoint of a subject no discovered rank publishes on
+
+
+class NatsFpmSource:
+    """Subscribes to FPM subjects on NATS and feeds a :class:`FleetStore` (the ``transport: nats`` ingest)."""
+
+    def __init__(
+        self,
+        store: FleetStore,
+        *,
+        servers: Sequence[str],
+        namespace: str,
+        user: str | None = None,
+        password: str | None = None,
+        subjects: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        pending_msgs_limit: int = 500_000,
+        reconnect_wait_s: float = 0.25,
+    ) -> None:
+        self.store = store
+        self.servers = list(servers)
+        self.namespace = namespace
+        #: what this source subscribes to: the whole namespace, or one shard's partition
+        self.subjects = tuple(subjects) if subjects is not None else (namespace_wildcard(namespace),)
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.received = 0
+        self.loop_errors = 0
+        self.connects = 0
+        self.disconnects = 0
+        self.slow_consumer_drops = 0
+        self._user = user
+        self._password = password
+        self._pending_msgs_limit = pending_msgs_limit
+        self._reconnect_wait_s = reconnect_wait_s
+        self._route: dict[str, str] = {}  # subject -> the discovered endpoint of that worker and rank
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping: asyncio.Event | None = None
+        self._subscribed = threading.Event()
+
+    # -- discovery -------------------------------------------------------------------------------------------
+
+    def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
+        """Follow discovery: the store adopts the set, and each discovered rank's subject maps to its endpoint."""
+        route = {
+            subject(self.namespace, record.service, record.worker_id, rank): endpoint
+            for record in workers.values()
+            for rank, endpoint in enumerate(record.fpm_endpoints)
+        }
+        with self.lock:
+            self.store.set_workers(workers)
+            self._route = route
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The subjects subscribed to (the NATS counterpart of the ZMQ subscriber's connected endpoints)."""
+        return self.subjects if self._subscribed.is_set() else ()
+
+    @property
+    def connected(self) -> bool:
+        return self._subscribed.is_set()
+
+    # -- receive ---------------------------------------------------------------------------------------------
+
+    def ingest_message(self, subj: str, payload: bytes, received_at: float) -> DropReason | None:
+        """Ingest one NATS message as the store would one ZMQ message on the subject's endpoint."""
+        endpoint = self._route.get(subj)
+        with self.lock:
+            self.received += 1
+            if endpoint is None:
+                endpoint = _UNROUTED + subj
+            try:
+                sample = fpm.decode(payload)
+            except fpm.FpmDecodeError:
+                return self.store.drop(DropReason.DECODE_ERROR, endpoint)
+            return self.store.ingest(endpoint, sample, received_at, received_at)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            self.ingest_message(msg.subject, msg.data, self.clock())
+        except Exception:  # the receive path must survive anything one message does
+            self.loop_errors += 1
+            log.exception("FPM ingest from NATS failed")
+
+    async def _on_error(self, exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            self.slow_consumer_drops += 1  # the message is gone; its rank's next counter shows the gap
+        else:
+            log.warning("NATS: %s", exc)
+
+    async def _on_disconnect(self) -> None:
+        self.disconnects += 1
+        self._subscribed.clear()
+
+    async def _on_reconnect(self) -> None:
+        self.connects += 1
+        self._subscribed.set()
+
+    async def _main(self, stopping: asyncio.Event) -> None:
+        nc: Client | None = None
+        while nc is None and not stopping.is_set():
+            try:
+                nc = await nats.connect(
+                    servers=self.servers,
+                    user=self._user,
+                    password=self._password,
+                    name="fpm-planner-ingest",
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=self._reconnect_wait_s,
+                    connect_timeout=2,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnect,
+                    reconnected_cb=self._on_reconnect,
+                )
+            except Exception as exc:  # the server is not up yet: try again
+                log.warning("cannot connect to NATS %s: %s", self.servers, exc)
+                try:
+                    await asyncio.wait_for(stopping.wait(), self._reconnect_wait_s)
+                except TimeoutError:
+                    pass
+        if nc is None:
+            return
+        try:
+            for subj in self.subjects:
+                await nc.subscribe(subj, cb=self._on_msg, pending_msgs_limit=self._pending_msgs_limit)
+            await nc.flush()
+            self.connects += 1
+            self._subscribed.set()
+            await stopping.wait()
+        finally:
+            self._subscribed.clear()
+            await nc.close()
+
+    # -- thread ----------------------------------------------------------------------------------------------
+
+    def start(self) -> NatsFpmSource:
+        if self._thread is None:
+            self._loop = asyncio.new_event_loop()
+            self._stopping = asyncio.Event()
+            self._thread = threading.Thread(target=self._run, name="fpm-nats", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        loop, stopping = self._loop, self._stopping
+        if loop is None or stopping is None:
+            return
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main(stopping))
+        except Exception:
+            self.loop_errors += 1
+            log.exception("the NATS ingest loop stopped")
+        finally:
+            loop.close()
+
+    def wait_subscribed(self, timeout_s: float) -> bool:
+        """Block until the subscriptions are in place (or ``timeout_s`` passed); True when they are."""
+        return self._subscribed.wait(timeout_s)
+
+    def close(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            stopping = self._stopping
+            if stopping is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(stopping.set)
+                except RuntimeError:  # the loop already ended
+                    pass
+            thread.join(10.0)
+        self._thread = None
+        self._loop = None
+
+    def __enter__(self) -> NatsFpmSource:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def snapshot(self, now: float) -> FleetSnapshot:
+        with self.lock:
+            return self.store.snapshot(now)

@@ -1,0 +1,271 @@
+"""FPM relay: the shim's local ZMQ FPM, forwarded unchanged onto NATS (a sidecar, or a thread next to the engine).
+
+::
+
+    python -m worker_shim.relay --nats-url nats://nats:4222 --namespace NS --service S --worker-id W --dp-size 8
+        [--host 127.0.0.1] [--port-base 20380]      # user: $FPM_NATS_USER (default: the worker id),
+                                                    # password: $FPM_NATS_PASSWORD
+
+One ZMQ SUB per DP rank, connected to the shim's publisher on this pod; each message's payload frame (the FPM
+msgpack map, byte for byte) is published on ``fpm.<ns>.<service>.<worker_id>.<rank>``
+(:func:`planner.transport.subjects.subject`). The subject names the worker this relay was started for, never the
+id inside the payload: the server lets this relay's credentials publish only there
+(:mod:`planner.transport.nats_config`), and a payload under another id (or ``""``) reaches the planner as it is,
+where it is dropped as ``foreign_endpoint`` / named ``identity_not_synced``.
+
+Never blocks the engine (it only reads the shim's PUB socket) and never queues without bound: while the NATS
+connection is down, messages are dropped and counted (``dropped_disconnected``); the planner sees the gap in
+``counter_id``. A message that is not ``[topic, seq u64, payload]`` is counted (``dropped_bad_frame``), one over
+the server's payload cap too (``dropped_oversized``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+
+import msgspec
+import nats
+import zmq
+import zmq.asyncio
+from nats.aio.client import Client
+
+from planner.transport.subjects import subject
+
+__all__ = ["FpmRelay", "RelayStats", "main"]
+
+log = logging.getLogger("worker_shim.relay")
+
+
+class RelayStats(msgspec.Struct, frozen=True, kw_only=True):
+    forwarded: int
+    dropped_disconnected: int
+    dropped_bad_frame: int
+    dropped_oversized: int
+    nats_errors: int  # errors the server reported (a permissions violation among them)
+    reconnects: int
+
+
+class FpmRelay:
+    """Forwards FPM from the local shim endpoints (index = DP rank) onto this worker's NATS subjects."""
+
+    def __init__(
+        self,
+        *,
+        endpoints: Sequence[str],
+        servers: Sequence[str],
+        namespace: str,
+        service: str,
+        worker_id: str,
+        user: str | None = None,
+        password: str | None = None,
+        max_payload_bytes: int = 64 * 1024,
+        reconnect_wait_s: float = 0.25,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("a relay needs at least one local FPM endpoint (one per DP rank)")
+        self.endpoints = tuple(endpoints)
+        self.subjects = tuple(subject(namespace, service, worker_id, rank) for rank in range(len(endpoints)))
+        self.servers = list(servers)
+        self.max_payload_bytes = max_payload_bytes
+        self._user = user if user is not None else worker_id
+        self._password = password
+        self._reconnect_wait_s = reconnect_wait_s
+        self._forwarded = 0
+        self._dropped_disconnected = 0
+        self._dropped_bad_frame = 0
+        self._dropped_oversized = 0
+        self._nats_errors = 0
+        self._reconnects = 0
+        self._connected = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def stats(self) -> RelayStats:
+        return RelayStats(
+            forwarded=self._forwarded,
+            dropped_disconnected=self._dropped_disconnected,
+            dropped_bad_frame=self._dropped_bad_frame,
+            dropped_oversized=self._dropped_oversized,
+            nats_errors=self._nats_errors,
+            reconnects=self._reconnects,
+        )
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def _on_error(self, exc: Exception) -> None:
+        self._nats_errors += 1
+        log.warning("NATS: %s", exc)
+
+    async def _on_disconnect(self) -> None:
+        self._connected.clear()
+
+    async def _on_reconnect(self) -> None:
+        self._reconnects += 1
+        self._connected.set()
+
+    async def _forward(self, sock: zmq.asyncio.Socket, subj: str, nc: Client) -> None:
+        while True:
+            parts = await sock.recv_multipart()
+            if len(parts) != 3 or len(parts[1]) != 8:
+                self._dropped_bad_frame += 1
+                continue
+            payload = parts[2]
+            if len(payload) > self.max_payload_bytes:
+                self._dropped_oversized += 1
+                continue
+            if not nc.is_connected:
+                self._dropped_disconnected += 1
+                continue
+            try:
+                await nc.publish(subj, payload)
+            except Exception as exc:  # a reconnect between the check and the publish: the sample is lost
+                self._dropped_disconnected += 1
+                log.debug("publish on %s failed: %s", subj, exc)
+                continue
+            self._forwarded += 1
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Relay until ``stopping`` is set."""
+        ctx = zmq.asyncio.Context()
+        socks = []
+        nc: Client | None = None
+        try:
+            for endpoint in self.endpoints:
+                sock = ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.MAXMSGSIZE, max(self.max_payload_bytes * 2, 4096))
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(endpoint)
+                socks.append(sock)
+            while nc is None and not stopping.is_set():
+                try:
+                    nc = await nats.connect(
+                        servers=self.servers,
+                        user=self._user,
+                        password=self._password,
+                        name=f"fpm-relay {self.subjects[0]}",
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=self._reconnect_wait_s,
+                        connect_timeout=2,
+                        error_cb=self._on_error,
+                        disconnected_cb=self._on_disconnect,
+                        reconnected_cb=self._on_reconnect,
+                    )
+                except Exception as exc:
+                    log.warning("cannot connect to NATS %s: %s", self.servers, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), self._reconnect_wait_s)
+            if nc is None:
+                return
+            self._connected.set()
+            pairs = zip(socks, self.subjects, strict=True)
+            tasks = [asyncio.create_task(self._forward(sock, subj, nc)) for sock, subj in pairs]
+            await stopping.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await nc.flush(timeout=1)
+        finally:
+            self._connected.clear()
+            if nc is not None:
+                await nc.close()
+            for sock in socks:
+                sock.close()
+            ctx.term()
+
+    # -- thread (embedded next to the engine, and tests) -----------------------------------------------------
+
+    def start(self) -> FpmRelay:
+        if self._thread is None:
+            self._loop = asyncio.new_event_loop()
+            self._stopping = asyncio.Event()
+            self._thread = threading.Thread(target=self._run, name="fpm-relay", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        loop, stopping = self._loop, self._stopping
+        if loop is None or stopping is None:
+            return
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.run(stopping))
+        except Exception:
+            log.exception("the FPM relay stopped")
+        finally:
+            loop.close()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    def close(self) -> None:
+        loop, thread, stopping = self._loop, self._thread, self._stopping
+        if loop is not None and thread is not None and stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                loop.call_soon_threadsafe(stopping.set)
+            thread.join(10.0)
+        self._thread = None
+        self._loop = None
+
+    def __enter__(self) -> FpmRelay:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m worker_shim.relay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nats-url", action="append", required=True, help="NATS server URL (repeatable)")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--service", required=True)
+    parser.add_argument("--worker-id", required=True, help="the id this worker registered under")
+    parser.add_argument("--dp-size", type=int, default=1)
+    parser.add_argument("--host", default="127.0.0.1", help="where the shim's publishers listen")
+    parser.add_argument("--port-base", type=int, default=20380, help="the shim's FPM_PORT_BASE")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    environ = os.environ if env is None else env
+    if args.dp_size < 1 or not args.worker_id.strip():
+        print("relay: --dp-size must be >= 1 and --worker-id non-empty", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    relay = FpmRelay(
+        endpoints=[f"tcp://{args.host}:{args.port_base + rank}" for rank in range(args.dp_size)],
+        servers=args.nats_url,
+        namespace=args.namespace,
+        service=args.service,
+        worker_id=args.worker_id,
+        user=environ.get("FPM_NATS_USER") or None,
+        password=environ.get("FPM_NATS_PASSWORD") or None,
+    )
+
+    async def serve() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        await relay.run(stopping)
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
