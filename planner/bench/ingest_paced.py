@@ -4,7 +4,8 @@ N endpoints (PUB sockets on loopback) publish one FPM step each at M Hz for T se
 period (an unsynchronized fleet, not bursts). They live in ``--publisher-procs`` child processes, each hosting
 many PUB sockets: on a small machine the publishers and the subscriber share the cores, so the publishers' own
 CPU is reported (``publisher_cpu_share``) and a run whose publishers could not keep the pace says so
-(``sent_samples_per_s`` below ``offered_samples_per_s``, ``publisher_max_lag_s``).
+(``sent_samples_per_s`` below ``offered_samples_per_s``, ``publisher_max_lag_s``): a publisher behind schedule
+sends as fast as it can and stops at the end of the T seconds whatever it got through.
 
 This process runs the real :class:`~planner.ingest.subscriber.FpmSubscriber` receive thread into a
 :class:`~planner.ingest.store.FleetStore` (one SUB socket per endpoint, as in the service), and on its main
@@ -95,11 +96,14 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
     max_lag_s = 0.0
     start = time.monotonic()
     rounds = max(1, round(seconds * hz))
-    for r in range(rounds):
+    end = start + rounds * period_s
+    for r in range(rounds):  # a publisher that cannot keep the pace stops at the end all the same
         counter += 1
         for j, members in enumerate(slices):
-            due = start + r * period_s + j * slice_s
-            lag = time.monotonic() - due
+            now = time.monotonic()
+            if now >= end:
+                break
+            lag = now - (start + r * period_s + j * slice_s)
             if lag < 0:
                 time.sleep(-lag)
             elif lag > max_lag_s:
