@@ -29,6 +29,7 @@ import msgspec
 from planner.errors import ConfigError
 from planner.sim.timing import StepTimer
 from worker_shim.fpm import QueuedRequests, ScheduledRequests
+from worker_shim.metrics import TrafficAccumulator
 
 __all__ = ["EngineConfig", "SimEngine", "SimRequest", "StepSink"]
 
@@ -56,6 +57,7 @@ class SimRequest:
     """One request's life in the simulator. Times are simulated seconds."""
 
     __slots__ = (
+        "arrival_counted",
         "arrival_s",
         "cached_tokens",
         "decode_base",
@@ -93,6 +95,7 @@ class SimRequest:
         self.preemptions = 0
         self.prefill_only = False  # disaggregated prefill: done after the first token
         self.remote_kv = False  # disaggregated decode: KV computed elsewhere, no prefill here
+        self.arrival_counted = False  # reported as an arrival by the engine holding it (FPM traffic extension)
 
     @property
     def ttft_s(self) -> float | None:
@@ -144,6 +147,9 @@ class SimEngine:
         self._w_decode = 0  # preempted, or waiting with remote KV
         self._cache: OrderedDict[int, None] = OrderedDict()
         self._cache_blocks = config.kv_capacity_tokens // config.block_size_tokens
+        # The FPM traffic extension, as the shim fills it in vLLM: arrivals, first tokens, completions; a sink
+        # takes it with each step sample (:meth:`TrafficAccumulator.take`).
+        self.traffic = TrafficAccumulator()
 
     # -- state -----------------------------------------------------------------------------------------------
 
@@ -178,6 +184,9 @@ class SimEngine:
     def add(self, request: SimRequest) -> None:
         self._wait_push(request, front=False)
         self.outstanding_tokens += request.isl + request.osl
+        if not request.arrival_counted:  # not again when moved off a replica cancelled before it started
+            request.arrival_counted = True
+            self.traffic.arrival(request.isl)
 
     def take_waiting(self) -> list[SimRequest]:
         """Remove and return every waiting request (a replica cancelled before it started)."""
@@ -320,6 +329,7 @@ class SimEngine:
             req.generated += 1
             if req.first_token_s is None:
                 req.first_token_s = end_s + self.config.ttft_overhead_s
+                self.traffic.first_token((req.first_token_s - req.arrival_s) * 1000.0)
             if self.config.prefix_cache and req.hash_ids:
                 self._cache_insert(req.hash_ids)
             if req.prefill_only or req.generated >= req.osl:
@@ -377,6 +387,11 @@ class SimEngine:
     def _finish(self, req: SimRequest, end_s: float) -> None:
         req.finish_s = end_s
         self.outstanding_tokens -= req.isl + req.osl
+        if req.prefill_only:
+            self.traffic.completion(1, None)  # a disaggregated prefill: one token, then the KV leaves
+        else:
+            itl_s = req.itl_s
+            self.traffic.completion(req.osl, None if itl_s is None or req.osl < 2 else itl_s * 1000.0)
 
     def _preempt_latest(self) -> None:
         """Recompute-mode preemption of the most recently admitted running request."""

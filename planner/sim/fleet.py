@@ -23,10 +23,11 @@ import msgspec
 from planner.discovery import EngineCapacity, Role, WorkerRecord
 from planner.errors import ConfigError
 from planner.ingest.store import FleetStore
+from planner.ingest.traffic import TrafficWindows
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
 from planner.sim.timing import StepTimer
 from worker_shim import fpm
-from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests, StepTraffic
 
 __all__ = [
     "FleetConfig",
@@ -125,9 +126,12 @@ class StoreSink:
     """Builds real :class:`ForwardPassMetrics` (one counter per engine, heartbeats included) and ingests them into
     a :class:`FleetStore` at the simulated time they would arrive."""
 
-    def __init__(self, store: FleetStore, heartbeat_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, store: FleetStore, heartbeat_interval_s: float = 1.0, *, traffic: TrafficWindows | None = None
+    ) -> None:
         self.store = store
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.traffic = traffic  # fed each stored sample's traffic extension, under its worker's service
         self._counter: dict[str, int] = {}
         self._last_at: dict[str, float] = {}
         self._endpoint: dict[str, str] = {}
@@ -163,10 +167,15 @@ class StoreSink:
             wall_time=wall_time_s,
             scheduled_requests=scheduled,
             queued_requests=queued,
+            traffic=engine.traffic.take(),
         )
         self.samples += 1
         if self.store.ingest(self._endpoint[wid], sample, end_s, end_s) is not None:
             self.dropped += 1
+        elif self.traffic is not None and isinstance(sample.traffic, StepTraffic):
+            record = self.store.workers.get(wid)
+            if record is not None:
+                self.traffic.add(record.service, sample.traffic, end_s)
 
     def idle(self, engine: SimEngine, now: float) -> None:
         wid = engine.worker_id
@@ -219,7 +228,7 @@ class ZmqSink:
     ) -> None:
         pub = self.publishers.get(engine.worker_id)
         if pub is not None:
-            pub.publish(wall_time_s, scheduled, queued)
+            pub.publish(wall_time_s, scheduled, queued, engine.traffic.take())
 
     def idle(self, engine: SimEngine, now: float) -> None:
         return None  # the publisher thread sends heartbeats on its own clock
@@ -374,6 +383,7 @@ class SimFleet:
                 req = cast(SimRequest, obj)
                 req.prefill_only = False
                 req.remote_kv = True
+                req.arrival_counted = False  # it arrives at a decode engine now
                 req.target_prefill = req.isl
                 req.done_prefill = 0
                 self._route(Role.DECODE, req, at)

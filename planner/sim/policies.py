@@ -30,6 +30,7 @@ from perf_model.api import PerfPredictor
 from planner.core import CoreConfig, CoreState, Decision, DeploymentStatus, Observation, Traffic, step
 from planner.discovery import Role
 from planner.ingest.store import FleetStore
+from planner.ingest.traffic import TrafficWindows, role_traffic
 from planner.sim.fleet import FpmSink, ReplicaState, SimFleet, StoreSink
 from planner.sim.metrics import SlaConfig
 from planner.sim.timing import StepTimer
@@ -214,8 +215,9 @@ class DynamoRulesPolicy:
 
 
 class OursPolicy:
-    """The planner's decision core on real FPM (see module docstring). ``pass_traffic`` hands the router's
-    request rate / ISL / OSL to the core as :class:`~planner.core.Traffic` (what a gateway reports)."""
+    """The planner's decision core on real FPM (see module docstring). ``pass_traffic`` hands the core the
+    traffic the service takes: from the FPM traffic extension of the samples stored, per role's service, over
+    ``traffic_window_s`` (:func:`planner.ingest.traffic.role_traffic`), not from the router."""
 
     def __init__(
         self,
@@ -225,8 +227,10 @@ class OursPolicy:
         ttl_s: float = 10.0,
         predictors: Mapping[Role, PerfPredictor] | None = None,
         pass_traffic: bool = True,
+        traffic_window_s: float = 30.0,
     ) -> None:
         self.name = "ours"
+        self.traffic = TrafficWindows(window_s=traffic_window_s)
         self.tick_s = tick_s
         self.config = config
         self.store = FleetStore(ttl_s=ttl_s)
@@ -239,7 +243,7 @@ class OursPolicy:
         self._fleet: SimFleet | None = None
 
     def make_sink(self) -> FpmSink | None:
-        return StoreSink(self.store)
+        return StoreSink(self.store, traffic=self.traffic)
 
     def attach(self, fleet: SimFleet) -> None:
         self._fleet = fleet
@@ -252,19 +256,16 @@ class OursPolicy:
 
     def observe(self, fleet: SimFleet, now: float, traffic: TickTraffic) -> Observation:
         deployments: dict[str, DeploymentStatus] = {}
-        traffic_by_role: dict[Role, Traffic] = {}
         for role in fleet.config.roles:
             service = fleet.service_name(role)
             counts = fleet.counts(role)
             deployments[service] = DeploymentStatus(
                 service=service, desired=fleet.desired(role), ready=counts[ReplicaState.READY]
             )
-            if self.pass_traffic:
-                traffic_by_role[role] = Traffic(
-                    request_rate_per_s=traffic.request_rate_per_s,
-                    isl_tokens=traffic.isl_tokens,
-                    osl_tokens=traffic.osl_tokens,
-                )
+        traffic_by_role: dict[Role, Traffic] = {}
+        if self.pass_traffic:  # from FPM, as the service takes it (the router's ``traffic`` is not used)
+            services = {role: fleet.service_name(role) for role in fleet.config.roles}
+            traffic_by_role = role_traffic(self.traffic, services, now, self.config)
         return Observation(
             workers=fleet.workers(), fleet=self.store.snapshot(now), deployments=deployments, traffic=traffic_by_role
         )
