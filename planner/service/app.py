@@ -1,13 +1,15 @@
 """The planner's HTTP API (FastAPI). Every handler reads or asks the runner; none reads the clock itself.
 
-Errors: a body with an unknown field or malformed JSON is a 400; a value that does not validate is a 422; a
-mutating call without the right bearer token is a 401 (403 when no token is configured at all: mutations are
-then disabled). See docs/service.md for the whole API.
+Errors: a body past ``http.max_body_bytes`` is a 413 (before authentication and parsing); a body with an
+unknown field or malformed JSON is a 400; a value that does not validate is a 422; a mutating call without a
+known bearer token is a 401, with a token whose role does not allow it a 403 (403 also when no token allowing
+it is configured at all: those mutations are then disabled). Credentials: planner.service.auth. See
+docs/service.md for the whole API.
 """
 
 from __future__ import annotations
 
-import hmac
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -22,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.discovery import EngineCapacity, Role
 from planner.errors import ConfigError, LeaseError, PlannerError
+from planner.service.auth import Principal, TokenRole
+from planner.service.limits import BodyLimitMiddleware
 from planner.service.metrics import CONTENT_TYPE_LATEST
 from planner.service.runner import EndpointConflictError, PlannerRunner
 from planner.service.schemas import (
@@ -37,7 +41,12 @@ from planner.service.schemas import (
 
 __all__ = ["create_app"]
 
-_bearer = HTTPBearer(auto_error=False, description="The planner's API token (FPM_PLANNER_TOKEN)")
+log = logging.getLogger(__name__)
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="A named token: operator (FPM_PLANNER_TOKEN or the tokens file), worker (registration only) or read",
+)
 WorkerId = Annotated[
     str,
     Path(
@@ -128,6 +137,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        _warn_disabled(runner)
         if manage_runner:
             await runner.start()
         try:
@@ -145,6 +155,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
     )
 
     install_schemas(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=runner.config.http.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -160,21 +171,38 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
     async def _planner_error(_: Request, exc: PlannerError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
-    def require_token(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> None:
-        expected = runner.config.auth_token
-        if expected is None:
-            raise HTTPException(403, "mutations are disabled: no API token is configured (FPM_PLANNER_TOKEN)")
-        given = "" if credentials is None else credentials.credentials
-        if (
-            credentials is None
-            or credentials.scheme.lower() != "bearer"
-            or not hmac.compare_digest(given.encode(), expected.encode())
-        ):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    def allow(needed: TokenRole) -> Any:
+        """A dependency resolving the request's token into its Principal (also on ``request.state.principal``)
+        and refusing a role that does not allow ``needed``."""
 
-    authorized = [Depends(require_token)]
+        def dependency(
+            request: Request,
+            credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        ) -> Principal:
+            known = runner.credentials
+            if not known.has(needed):
+                raise HTTPException(
+                    403,
+                    f"this mutation is disabled: no {needed.value} token is configured "
+                    "(FPM_PLANNER_TOKEN, FPM_PLANNER_WORKER_TOKEN or auth.tokens_file)",
+                )
+            principal = None
+            if credentials is not None and credentials.scheme.lower() == "bearer":
+                principal = known.resolve(credentials.credentials)
+            if principal is None:
+                raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            if not principal.allows(needed):
+                role = principal.role.value
+                raise HTTPException(
+                    403, f"credential {principal.name!r} ({role}) may not do this: {needed.value} needed"
+                )
+            request.state.principal = principal
+            return principal
+
+        return Depends(dependency)
+
+    as_worker = [allow(TokenRole.WORKER)]
+    as_operator = [allow(TokenRole.OPERATOR)]
 
     # -- health ------------------------------------------------------------------------------------------
 
@@ -206,7 +234,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         "/v1/workers/{worker_id}",
         response_model=RegistrationResponse,
         tags=["workers"],
-        dependencies=authorized,
+        dependencies=as_worker,
         responses={401: {"description": "missing or wrong token"}, 409: {"description": "endpoint taken"}},
     )
     async def register_worker(worker_id: WorkerId, body: RegistrationBody) -> Response:
@@ -230,7 +258,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         "/v1/workers/{worker_id}",
         response_model=DeregistrationResponse,
         tags=["workers"],
-        dependencies=authorized,
+        dependencies=as_worker,
         responses={401: {"description": "missing or wrong token"}, 404: {"description": "not registered"}},
     )
     async def deregister_worker(worker_id: WorkerId) -> Response:
@@ -285,7 +313,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
     @app.patch(
         "/v1/bounds",
         tags=["bounds"],
-        dependencies=authorized,
+        dependencies=as_operator,
         responses={**response(BoundsResponse), 401: {"description": "missing or wrong token"}},
     )
     async def patch_bounds(body: BoundsPatch) -> Response:
@@ -310,6 +338,23 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         return HTMLResponse(_PAGE)
 
     return app
+
+
+def _warn_disabled(runner: PlannerRunner) -> None:
+    """Say loudly at start which mutations no configured credential allows."""
+    known = runner.credentials
+    if not known.has(TokenRole.WORKER):
+        log.warning(
+            "MUTATIONS DISABLED: no operator or worker token is configured (FPM_PLANNER_TOKEN, "
+            "FPM_PLANNER_WORKER_TOKEN or auth.tokens_file): worker registration and PATCH /v1/bounds answer 403"
+        )
+    elif not known.has(TokenRole.OPERATOR):
+        log.warning(
+            "OPERATOR MUTATIONS DISABLED: no operator token is configured (FPM_PLANNER_TOKEN or auth.tokens_file): "
+            "PATCH /v1/bounds answers 403"
+        )
+    names = ", ".join(f"{p.name} ({p.role.value})" for p in known.principals)
+    log.info("credentials: %s", names or "none")
 
 
 _PAGE = resources.files("planner.service").joinpath("static/diagnostics.html").read_text(encoding="utf-8")

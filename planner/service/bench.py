@@ -29,7 +29,7 @@ from planner.service.runner import PlannerRunner
 
 __all__ = ["add_arguments", "main", "run"]
 
-_TOKEN = "bench-token"
+_TOKEN = "bench-token-0123456789abcdef0123456789"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

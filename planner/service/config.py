@@ -8,7 +8,11 @@ caller passes it in as a mapping.
 Environment variables (each overrides the file):
 
 =================================  =======================================
-``FPM_PLANNER_TOKEN``              bearer token for mutating endpoints
+``FPM_PLANNER_TOKEN``              operator token (named ``default``): every mutation
+``FPM_PLANNER_WORKER_TOKEN``       worker token (named ``worker``): registration only
+``FPM_PLANNER_READ_TOKEN``         read-only token (named ``read``)
+``FPM_PLANNER_TOKENS_FILE``        ``auth.tokens_file``: named tokens with roles (planner.service.auth)
+``FPM_PLANNER_MAX_BODY_BYTES``     ``http.max_body_bytes``
 ``FPM_PLANNER_HOST``               ``http.host``
 ``FPM_PLANNER_PORT``               ``http.port``
 ``FPM_PLANNER_TICK_INTERVAL_S``    ``tick_interval_s``
@@ -34,6 +38,7 @@ __all__ = [
     "ENV_VARS",
     "ActuatorConfig",
     "ActuatorKind",
+    "AuthConfig",
     "DiscoveryConfig",
     "HistoryConfig",
     "HttpConfig",
@@ -57,6 +62,12 @@ class ActuatorKind(enum.StrEnum):
 class HttpConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Port = 8080
+    # request bodies past this are answered 413 before authentication and before parsing
+    max_body_bytes: PositiveInt = 1 << 20
+
+
+class AuthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    tokens_file: str | None = None  # YAML ``tokens: [{name, role, token}]`` (a mounted Secret)
 
 
 class DiscoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -106,7 +117,10 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     services: dict[str, str] = {}
     core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
     kubernetes: dict[str, Any] | None = None  # pod discovery and leader election (planner.k8s.setup)
+    auth: AuthConfig = AuthConfig()
     auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused
+    auth_worker_token: str | None = None  # from FPM_PLANNER_WORKER_TOKEN only
+    auth_read_token: str | None = None  # from FPM_PLANNER_READ_TOKEN only
 
     def __post_init__(self) -> None:
         if self.discovery.max_ttl_s < self.discovery.default_ttl_s:
@@ -135,14 +149,24 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 ENV_VARS: dict[str, tuple[str, ...]] = {
     "FPM_PLANNER_TOKEN": ("auth_token",),
+    "FPM_PLANNER_WORKER_TOKEN": ("auth_worker_token",),
+    "FPM_PLANNER_READ_TOKEN": ("auth_read_token",),
+    "FPM_PLANNER_TOKENS_FILE": ("auth", "tokens_file"),
+    "FPM_PLANNER_MAX_BODY_BYTES": ("http", "max_body_bytes"),
     "FPM_PLANNER_HOST": ("http", "host"),
     "FPM_PLANNER_PORT": ("http", "port"),
     "FPM_PLANNER_TICK_INTERVAL_S": ("tick_interval_s",),
     "FPM_PLANNER_WORKERS_FILE": ("discovery", "static_file"),
     "FPM_PLANNER_ACTUATOR": ("actuator", "kind"),
 }
-_ENV_INT = {"FPM_PLANNER_PORT"}
+_ENV_INT = {"FPM_PLANNER_PORT", "FPM_PLANNER_MAX_BODY_BYTES"}
 _ENV_FLOAT = {"FPM_PLANNER_TICK_INTERVAL_S"}
+
+_TOKEN_FIELDS = {
+    "auth_token": "FPM_PLANNER_TOKEN",
+    "auth_worker_token": "FPM_PLANNER_WORKER_TOKEN",
+    "auth_read_token": "FPM_PLANNER_READ_TOKEN",
+}
 
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 
@@ -182,8 +206,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{source}: expected a mapping at the top level, got {type(loaded).__name__}")
         doc = dict(loaded or {})
-        if "auth_token" in doc:
-            raise ConfigError(f"{source}: auth_token: not allowed in the file; set FPM_PLANNER_TOKEN instead")
+        for key, var in _TOKEN_FIELDS.items():
+            if key in doc:
+                raise ConfigError(f"{source}: {key}: not allowed in the file; set {var} instead")
     for var, field_path in ENV_VARS.items():
         raw = (env or {}).get(var)
         if raw is None or raw == "":

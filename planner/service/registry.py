@@ -10,7 +10,9 @@ Times it shows (``expires_at_s``) are wall-clock Unix seconds.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
@@ -20,11 +22,38 @@ from planner.errors import ConfigError, DiscoveryError, LeaseError
 from planner.service.config import DiscoveryConfig
 from planner.service.schemas import WorkersResponse, WorkerView
 
-__all__ = ["EndpointConflictError", "Registration", "WorkerRegistry", "WorkerSource"]
+__all__ = ["EndpointConflictError", "Registration", "WorkerRegistry", "WorkerSource", "check_endpoint"]
 
 log = logging.getLogger(__name__)
 
-_ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
+_TCP = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+def check_endpoint(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a connectable ``tcp://host:port`` (None: it is). Refused: other transports
+    (``ipc://``, ``inproc://``: nothing outside this host or process), wildcard or unspecified hosts (``*``,
+    ``0.0.0.0``, ``::``), interface names, port 0 and ports past 65535."""
+    match = _TCP.match(endpoint)
+    if match is None:
+        return "expected tcp://host:port (a host name or IP address and a port; no other transport)"
+    host, port = match.group("host"), int(match.group("port"))
+    if not 1 <= port <= 65535:
+        return f"port {port} is not connectable (1-65535)"
+    bare = host[1:-1] if host.startswith("[") else host
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        if host.startswith("[") or not _HOSTNAME.match(host) or host.replace(".", "").isdigit():
+            return f"host {host!r} is neither an IP address nor a DNS name"
+        return None
+    if address.is_unspecified or address.is_multicast:
+        return f"host {host!r} is a wildcard or multicast address, not one a subscriber can connect to"
+    if isinstance(address, ipaddress.IPv6Address) and not host.startswith("["):
+        return f"an IPv6 host is written in brackets: tcp://[{bare}]:{port}"
+    return None
 
 
 class EndpointConflictError(LeaseError):
@@ -91,11 +120,9 @@ class WorkerRegistry:
         if self.static is not None and worker_id in self.static.workers(self._clock()):
             raise LeaseError(f"worker {worker_id!r} is listed in the static workers file; it cannot register")
         for endpoint in fpm_endpoints:
-            if not endpoint.startswith(_ENDPOINT_SCHEMES) or len(endpoint) <= len(endpoint.split("//")[0]) + 2:
-                raise LeaseError(
-                    f"worker {worker_id!r}: fpm endpoint {endpoint!r} is not a ZMQ endpoint "
-                    "(tcp://host:port, ipc://path or inproc://name)"
-                )
+            problem = check_endpoint(endpoint)
+            if problem is not None:
+                raise LeaseError(f"worker {worker_id!r}: fpm endpoint {endpoint!r} is refused: {problem}")
         try:
             record = WorkerRecord(
                 worker_id=worker_id,
@@ -109,6 +136,11 @@ class WorkerRegistry:
             raise LeaseError(str(exc)) from exc
         now = self._clock()
         current = dict(self.leases.workers(now))
+        for source in self.sources:  # pod discovery: a token holder cannot take over a pod's endpoint
+            try:
+                current.update(source.workers(now))
+            except DiscoveryError:
+                current.update({w: r for w, r in self._workers.items() if self._sources.get(w) == source_label(source)})
         if self.static is not None:
             current.update(self.static.workers(now))
         for other_id, other in current.items():

@@ -45,6 +45,7 @@ from planner.errors import ActuatorError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from planner.service.actuation import Actuation, ActuatorErrorEntry
+from planner.service.auth import Credentials, load_credentials
 from planner.service.config import ServiceConfig
 from planner.service.deciding import Decider
 from planner.service.diagnostics_view import DiagnosticsView, TickFigures
@@ -87,6 +88,13 @@ class PlannerRunner:
         file and before registrations; one that also offers ``readiness(now) -> {worker_id: bool}`` reports
         workers the deployment holds not ready."""
         self.config = config
+        # refuses (ConfigError) tokens shorter than 32 bytes, repeated names, a bad tokens file
+        self.credentials: Credentials = load_credentials(
+            operator_token=config.auth_token,
+            worker_token=config.auth_worker_token,
+            read_token=config.auth_read_token,
+            tokens_file=config.auth.tokens_file,
+        )
         self.actuator = actuator
         self.sources = tuple(sources)
         self.elector = elector

@@ -17,7 +17,7 @@ from planner.service.app import create_app
 from planner.service.config import ServiceConfig, load_config
 from planner.service.runner import LeaderElector, PlannerRunner
 
-TOKEN = "test-token-7f3a"
+TOKEN = "test-token-7f3a-0123456789abcdef0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -30,7 +30,7 @@ def test_a_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
 
 def test_sigterm_stops_the_service_cleanly(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "FPM_PLANNER_TICK_INTERVAL_S": "0.2", "FPM_PLANNER_TOKEN": "t"}
+    env = {**os.environ, "FPM_PLANNER_TICK_INTERVAL_S": "0.2", "FPM_PLANNER_TOKEN": "t" * 32}
     proc = subprocess.Popen(
         [sys.executable, "-m", "planner.cli", "serve", "--port", str(port), "--log-level", "info"],
         stdout=subprocess.PIPE,
