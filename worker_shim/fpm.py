@@ -127,6 +127,9 @@ class ForwardPassMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     scheduled_requests: ScheduledRequests = ScheduledRequests()
     queued_requests: QueuedRequests = QueuedRequests()
     version: int = FPM_VERSION
+    # Optional (absent = 0, unknown): the publisher run, a random u64 drawn when the publisher starts; a new value
+    # on an endpoint is a restart, never loss. Decoders that do not know it (Dynamo's) ignore it.
+    run_id: int = 0
     traffic: StepTraffic | msgspec.UnsetType = msgspec.UNSET
 
     @property
@@ -160,14 +163,18 @@ def decode(payload: bytes) -> ForwardPassMetrics:
         sample = _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise FpmDecodeError(f"not an FPM v{FPM_VERSION} payload: {exc}") from exc
+    except (RecursionError, MemoryError, ValueError, TypeError) as exc:  # e.g. nesting too deep: still a bad payload
+        raise FpmDecodeError(f"not an FPM v{FPM_VERSION} payload: {type(exc).__name__}: {exc}") from exc
     if sample.version != FPM_VERSION:
         raise FpmDecodeError(f"unsupported FPM version {sample.version} (this decoder reads {FPM_VERSION})")
     return sample
 
 
-def heartbeat(worker_id: str, dp_rank: int, counter_id: int) -> ForwardPassMetrics:
+def heartbeat(worker_id: str, dp_rank: int, counter_id: int, run_id: int = 0) -> ForwardPassMetrics:
     """An idle heartbeat: wall_time 0 and zero counts."""
-    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, counter_id=counter_id, wall_time=0.0)
+    return ForwardPassMetrics(
+        worker_id=worker_id, dp_rank=dp_rank, counter_id=counter_id, wall_time=0.0, run_id=run_id
+    )
 
 
 def frames(sample: ForwardPassMetrics, topic: bytes = b"") -> tuple[bytes, bytes, bytes]:

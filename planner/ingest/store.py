@@ -19,6 +19,7 @@ only for the keys read.
 from __future__ import annotations
 
 import enum
+import math
 import operator
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 import numpy.typing as npt
+from msgspec.structs import astuple
 
 from planner.discovery import WorkerRecord
 from worker_shim import fpm
@@ -39,6 +41,7 @@ __all__ = [
     "FleetSnapshot",
     "FleetStore",
     "FleetTotals",
+    "FpmLimits",
     "LoadField",
     "RankView",
     "SlotTable",
@@ -48,15 +51,76 @@ __all__ = [
 class DropReason(enum.StrEnum):
     DECODE_ERROR = "decode_error"  # payload is not an FPM v1 msgpack map
     BAD_FRAME = "bad_frame"  # not [topic, seq u64, payload]
-    # ZMQ cut the connection (a message over ZMQ_MAXMSGSIZE) and the publisher carried on: counted once when the
-    # next message after the reconnect shows the same publisher run; a publisher restart is not counted here.
+    # ZMQ cut the connection for a message over ZMQ_MAXMSGSIZE: a protocol error after the handshake that libzmq
+    # does not recover from by itself (counted by the subscriber; never a reset, a restart or a publisher gone).
     OVERSIZED = "oversized"
     UNKNOWN_WORKER = "unknown_worker"  # worker id not discovered (or deregistered, or lease lapsed)
     EMPTY_WORKER_ID = "empty_worker_id"  # published under "" (identity never synced)
     FOREIGN_ENDPOINT = "foreign_endpoint"  # a discovered id/rank arriving on another worker's (or rank's) endpoint
     STALE = "stale"  # received longer than the TTL before it could be stored
     OUT_OF_ORDER = "out_of_order"  # counter not after the last one of the same publisher run (duplicate/replay)
-    INVALID_VALUE = "invalid_value"  # NaN, infinite or negative numbers; dp_rank outside dp_size
+    # NaN, infinite or negative numbers, a count beyond its plausibility limit (FpmLimits); dp_rank outside dp_size
+    INVALID_VALUE = "invalid_value"
+
+
+_U64_MAX = 2**64 - 1
+
+
+class FpmLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Plausibility limits on the counts of one FPM sample: a sample beyond any of them is dropped as
+    ``invalid_value``. Generous (far above what an engine step produces) but finite, so one corrupt or hostile
+    sample cannot drive a fleet to its maximum or a prediction into float overflow.
+
+    ``max_counter_jump``: a counter step forward larger than this within one publisher run is not taken as that
+    many lost samples; it counts as a restart (what happened in between is unknowable)."""
+
+    max_requests: int = 1_000_000  # any num_*_requests
+    max_step_tokens: int = 10_000_000  # scheduled sum_prefill_tokens: tokens computed in one step
+    max_kv_tokens: int = 1_000_000_000  # sum_prefill_kv_tokens, sum_decode_kv_tokens
+    max_queued_tokens: int = 10_000_000_000  # queued sum_prefill_tokens
+    max_variance: float = 1e18  # any var_*
+    max_wall_time_s: float = 3600.0
+    max_counter_jump: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"FpmLimits.{name} must be a finite number > 0, got {value!r}")
+
+    def bound(self, section: str, name: str) -> float:
+        """The limit of field ``name`` of ``scheduled_requests`` or ``queued_requests`` (``section``)."""
+        if name.startswith("var_"):
+            return self.max_variance
+        if name.endswith("_requests"):
+            return self.max_requests
+        if "kv_tokens" in name:
+            return self.max_kv_tokens
+        if name == "sum_prefill_tokens":
+            return self.max_step_tokens if section == "scheduled_requests" else self.max_queued_tokens
+        return self.max_kv_tokens  # a count added later: bounded all the same
+
+    def bounds(self) -> tuple[float, ...]:
+        """The limits in the order of ``astuple(scheduled_requests) + astuple(queued_requests)``."""
+        return tuple(self.bound("scheduled_requests", n) for n in fpm.ScheduledRequests.__struct_fields__) + tuple(
+            self.bound("queued_requests", n) for n in fpm.QueuedRequests.__struct_fields__
+        )
+
+    def violations(self, sample: ForwardPassMetrics) -> tuple[str, ...]:
+        """Names of the fields of ``sample`` beyond their limit; empty when plausible."""
+        bad = [
+            f"{section}.{name}"
+            for section in ("scheduled_requests", "queued_requests")
+            for name in getattr(sample, section).__struct_fields__
+            if getattr(getattr(sample, section), name) > self.bound(section, name)
+        ]
+        if sample.wall_time > self.max_wall_time_s:
+            bad.append("wall_time")
+        if sample.counter_id > _U64_MAX:
+            bad.append("counter_id")
+        if sample.run_id > _U64_MAX or sample.run_id < 0:
+            bad.append("run_id")
+        return tuple(bad)
 
 
 class LoadField(enum.IntEnum):
@@ -425,17 +489,29 @@ class _Moves:
 class FleetStore:
     """Latest sample + bounded window per ``(worker_id, dp_rank)`` for discovered workers only."""
 
-    def __init__(self, *, ttl_s: float = 10.0, window_size: int = 256, restart_tolerance: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 10.0,
+        window_size: int = 256,
+        restart_tolerance: int = 64,
+        limits: FpmLimits | None = None,
+    ) -> None:
         if ttl_s <= 0 or window_size < 1 or restart_tolerance < 1:
             raise ValueError("need ttl_s > 0, window_size >= 1, restart_tolerance >= 1")
         self.ttl_s = ttl_s
         self.window_size = window_size
         self.restart_tolerance = restart_tolerance
+        self.limits = limits or FpmLimits()
+        self._bounds = self.limits.bounds()
+        self._max_wall_time_s = self.limits.max_wall_time_s
+        self._max_jump = self.limits.max_counter_jump
         self._workers: dict[str, WorkerRecord] = {}
         self._table = _EMPTY_TABLE
         self._route = self._table.route  # endpoint -> (worker_id, dp_rank, slot)
         # Per-slot columns (see the module docstring); a slot never heard from has counter -1 and no window.
         self._counter: list[int] = []  # counter_id of the newest message stored
+        self._run: list[int] = []  # run_id of the newest message stored (0: the publisher sends none)
         self._latest: list[ForwardPassMetrics | None] = []  # newest message, heartbeats included
         self._seen_at: list[float] = []  # when it was received; -inf: never
         self._qp: list[float] = []  # its LoadField counts, one list per field
@@ -495,6 +571,7 @@ class FleetStore:
         state.add(kept, length)
         seen.add(kept, length)
         self._counter = state.take(self._counter, -1)
+        self._run = state.take(self._run, 0)
         self._latest = state.take(self._latest, None)
         self._seen_at = state.take(self._seen_at, float("-inf"))
         self._qp = state.take(self._qp, 0)
@@ -534,8 +611,8 @@ class FleetStore:
     # -- ingest ----------------------------------------------------------------------------------------------
 
     def note_disconnect(self, endpoint: str) -> None:
-        """The subscriber's connection to ``endpoint`` was dropped (ZMQ monitor). Whether that was ZMQ refusing
-        an oversized message or the publisher going away is settled by the next message's counter."""
+        """The subscriber's connection to ``endpoint`` was dropped (ZMQ monitor): a counter going backwards
+        after it is a new publisher run for certain (publishers that send no ``run_id``)."""
         route = self._route.get(endpoint)
         if route is not None and self._counter[route[2]] >= 0:
             self._disconnected.add(route[2])
@@ -555,7 +632,7 @@ class FleetStore:
             return self.drop(DropReason.BAD_FRAME, endpoint)
         try:
             sample = fpm.decode(parts[2])
-        except fpm.FpmDecodeError:
+        except Exception:  # FpmDecodeError, or whatever else a hostile payload provokes
             return self.drop(DropReason.DECODE_ERROR, endpoint)
         return self.ingest(endpoint, sample, received_at, now)
 
@@ -570,7 +647,7 @@ class FleetStore:
         if route[0] != sample.worker_id or route[1] != sample.dp_rank:
             return self._unattributed(endpoint, sample)
         # The endpoint's own worker and rank: the id is discovered and the rank within its dp_size.
-        if fpm.invalid_fields(sample):
+        if fpm.invalid_fields(sample) or not self._plausible(sample):
             return self.drop(DropReason.INVALID_VALUE, endpoint)
         if now - received_at > self.ttl_s:
             return self.drop(DropReason.STALE, endpoint)
@@ -578,21 +655,28 @@ class FleetStore:
         counters = self._counter
         last = counters[slot]
         disconnected = self._disconnected
+        run = sample.run_id
         if last >= 0:
-            if counter <= last:
+            last_run = self._run[slot]
+            if run != last_run and run and last_run:
+                # A new publisher run (its run_id is drawn at start): a restart, whatever the counters say.
+                restarts, gaps, lost = self._counts.get(slot, _NO_COUNTS)
+                self._counts[slot] = (restarts + 1, gaps, lost)
+            elif counter <= last:
                 # One ZMQ connection delivers in order, so going backwards means a new publisher run: certain after
-                # a disconnect, assumed for a jump back near zero or far back; a small step back is a replay.
+                # a disconnect, assumed for a jump back near zero or far back; a small step back is a replay. Within
+                # one known run, any step back is a replay.
                 near = counter >= self.restart_tolerance and last - counter <= self.restart_tolerance
-                if slot not in disconnected and (counter == last or near):
+                if (run and run == last_run) or (slot not in disconnected and (counter == last or near)):
                     return self.drop(DropReason.OUT_OF_ORDER, endpoint)
                 restarts, gaps, lost = self._counts.get(slot, _NO_COUNTS)
                 # what the old run sent after our last sample is unknowable
                 self._counts[slot] = (restarts + 1, gaps, lost)
-            else:
-                if disconnected and slot in disconnected:
-                    self.drop(DropReason.OVERSIZED, endpoint)
-                if counter > last + 1:
-                    restarts, gaps, lost = self._counts.get(slot, _NO_COUNTS)
+            elif counter > last + 1:
+                restarts, gaps, lost = self._counts.get(slot, _NO_COUNTS)
+                if counter - last > self._max_jump:  # implausible as loss: a run we could not tell apart
+                    self._counts[slot] = (restarts + 1, gaps, lost)
+                else:
                     self._counts[slot] = (restarts, gaps + 1, lost + counter - last - 1)
             if disconnected:
                 disconnected.discard(slot)
@@ -600,6 +684,7 @@ class FleetStore:
             self._windows[slot] = deque(maxlen=self.window_size)
             self._heard.append(slot)
         counters[slot] = counter
+        self._run[slot] = run
         self._latest[slot] = sample
         self._seen_at[slot] = received_at
         sched = sample.scheduled_requests
@@ -619,6 +704,15 @@ class FleetStore:
             self._windows[slot].append(entry)  # type: ignore[union-attr]
         return None
 
+    def _plausible(self, sample: ForwardPassMetrics) -> bool:
+        """Every count within :attr:`limits` (C-level comparisons: this runs for every sample)."""
+        return (
+            all(map(operator.le, astuple(sample.scheduled_requests) + astuple(sample.queued_requests), self._bounds))
+            and sample.wall_time <= self._max_wall_time_s
+            and sample.counter_id <= _U64_MAX
+            and 0 <= sample.run_id <= _U64_MAX
+        )
+
     def _unattributed(self, endpoint: str, sample: ForwardPassMetrics) -> DropReason:
         """The drop for a sample that is not its endpoint's own worker and rank (first match wins)."""
         wid = sample.worker_id
@@ -627,7 +721,7 @@ class FleetStore:
         record = self._workers.get(wid)
         if record is None:
             return self.drop(DropReason.UNKNOWN_WORKER, endpoint)
-        if fpm.invalid_fields(sample) or sample.dp_rank >= record.dp_size:
+        if fpm.invalid_fields(sample) or not self._plausible(sample) or sample.dp_rank >= record.dp_size:
             return self.drop(DropReason.INVALID_VALUE, endpoint)
         return self.drop(DropReason.FOREIGN_ENDPOINT, endpoint)
 

@@ -77,6 +77,7 @@ def test_payload_is_a_msgpack_map_with_the_wire_keys() -> None:
         "wall_time",
         "scheduled_requests",
         "queued_requests",
+        "run_id",
     }
     assert set(raw["scheduled_requests"]) == {
         "num_prefill_requests",
