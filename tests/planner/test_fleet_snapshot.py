@@ -8,7 +8,7 @@ import random
 import pytest
 
 from planner.discovery import Role, WorkerRecord, default_endpoints
-from planner.ingest.store import DropReason, FleetSnapshot, FleetStore, LoadField, RankView
+from planner.ingest.store import FleetSnapshot, FleetStore, LoadField, RankView
 from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
