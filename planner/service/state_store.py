@@ -44,6 +44,7 @@ __all__ = [
     "AuditRecord",
     "ConfigMapBackend",
     "FileBackend",
+    "MemoryBackend",
     "RuntimeState",
     "StateBackend",
     "StateConflictError",
@@ -171,6 +172,26 @@ class FileBackend:
                 os.close(dir_fd)
         except OSError as exc:
             raise StateStoreError(f"cannot write the state file {self.path}: {exc}") from exc
+        return str(state.generation)
+
+
+class MemoryBackend:
+    """State in this process only (no durability): when neither a file nor a ConfigMap is configured."""
+
+    def __init__(self) -> None:
+        self._state = RuntimeState()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        yield
+
+    def read(self) -> tuple[RuntimeState, str | None]:
+        return self._state, str(self._state.generation)
+
+    def write(self, state: RuntimeState, version: str | None) -> str:
+        if version != str(self._state.generation):
+            raise StateConflictError("in-memory state changed since it was read")
+        self._state = state
         return str(state.generation)
 
 
