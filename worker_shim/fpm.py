@@ -172,9 +172,7 @@ def decode(payload: bytes) -> ForwardPassMetrics:
 
 def heartbeat(worker_id: str, dp_rank: int, counter_id: int, run_id: int = 0) -> ForwardPassMetrics:
     """An idle heartbeat: wall_time 0 and zero counts."""
-    return ForwardPassMetrics(
-        worker_id=worker_id, dp_rank=dp_rank, counter_id=counter_id, wall_time=0.0, run_id=run_id
-    )
+    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, counter_id=counter_id, wall_time=0.0, run_id=run_id)
 
 
 def frames(sample: ForwardPassMetrics, topic: bytes = b"") -> tuple[bytes, bytes, bytes]:
