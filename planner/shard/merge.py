@@ -1,0 +1,188 @@
+"""The leader's side of sharded ingest: the shards' latest summaries merged into the
+:class:`~planner.ingest.store.FleetSnapshot` the decision core reads, with no raw sample in sight.
+
+Pure: time (the wall clock, as the shards stamp their summaries) is an argument. The leader lays out the
+discovered workers as a store would (a :class:`~planner.ingest.store.FleetStore` that is given the workers and
+never a sample, so the slot table is the store's own), then per tick:
+
+- a summary older than ``max_summary_age_s`` is ignored: its workers count as not fresh (never a scale-down on
+  missing data), and a shard that stopped publishing is visible in :meth:`SummaryMerger.shards`;
+- a rank is fresh when a live summary says so. After a rebalance the old owner's last summary keeps a moved
+  worker fresh until the old owner's next summary (which no longer holds it); the new owner reports it fresh once
+  it has heard one message (a heartbeat at the latest, 1 s by default). So a moved worker is missing for at most
+  one summary interval plus one heartbeat interval, well inside the TTL, and while it is missing it counts as
+  not fresh: no scale-down on it;
+- per-service load is the sum of the live summaries' totals (each shard sums only the workers it owns; while a
+  rebalance is in flight, a moved worker may be summed by two shards for one summary interval);
+- drop counters are summed over every shard's newest summary, per worker too; the endpoints of workers with
+  suspect drops carry what they last published under, so ``identity_not_synced`` is still named.
+
+``ranks`` of the merged snapshot holds every discovered rank with its freshness (diagnostics still list every
+worker and rank); the samples themselves stay in the shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from planner.discovery import WorkerRecord
+from planner.ingest.store import (
+    DropReason,
+    EndpointSeen,
+    FleetSnapshot,
+    FleetStore,
+    FleetTotals,
+    LoadField,
+    RankView,
+    SlotTable,
+)
+from planner.shard.summary import ShardSummary
+
+__all__ = ["SummaryMerger"]
+
+_REASONS = {str(reason): reason for reason in DropReason}
+
+
+class _SummaryRanks(Mapping[tuple[str, int], RankView]):
+    """Every discovered rank with its merged freshness (no samples: those stay in the shards)."""
+
+    __slots__ = ("_fresh", "_table")
+
+    def __init__(self, table: SlotTable, fresh: npt.NDArray[np.bool_]) -> None:
+        self._table = table
+        self._fresh = fresh
+
+    def __getitem__(self, key: tuple[str, int]) -> RankView:
+        slot = self._table.slot(*key) if isinstance(key, tuple) and len(key) == 2 else None
+        if slot is None:
+            raise KeyError(key)
+        endpoint = self._table.endpoints[slot]
+        return RankView(key[0], key[1], endpoint, bool(self._fresh[slot]), None, None, None, None, 0, 0, 0, 0, 0)
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return self._table.keys()
+
+    def __len__(self) -> int:
+        return self._table.size
+
+
+class SummaryMerger:
+    """Holds the newest summary of every shard and merges them into a snapshot on demand."""
+
+    def __init__(self, *, ttl_s: float = 10.0, max_summary_age_s: float = 5.0) -> None:
+        if not 0 < max_summary_age_s <= ttl_s:
+            raise ValueError("need 0 < max_summary_age_s <= ttl_s (a moved worker's state may lapse only a TTL)")
+        self.ttl_s = ttl_s
+        self.max_summary_age_s = max_summary_age_s
+        self._layout = FleetStore(ttl_s=ttl_s, window_size=1)  # never ingests: the slot table of the workers
+        self._table = self._layout.snapshot(0.0).totals.table
+        self._summaries: dict[str, ShardSummary] = {}
+        self._slots: dict[str, tuple[int, npt.NDArray[np.intp], npt.NDArray[np.intp]]] = {}
+        self.rejected = 0  # summaries older than the shard's newest one
+
+    def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
+        self._layout.set_workers(workers)
+        self._table = self._layout.snapshot(0.0).totals.table
+        self._slots.clear()
+
+    def update(self, summary: ShardSummary) -> bool:
+        """Keep ``summary`` if it is its shard's newest (by ``taken_at``, which survives a shard restart)."""
+        current = self._summaries.get(summary.shard_id)
+        if current is not None and (summary.taken_at, summary.seq) <= (current.taken_at, current.seq):
+            self.rejected += 1
+            return False
+        self._summaries[summary.shard_id] = summary
+        self._slots.pop(summary.shard_id, None)
+        return True
+
+    def forget(self, shard_id: str) -> None:
+        """A shard left for good (its counters leave the sums)."""
+        self._summaries.pop(shard_id, None)
+        self._slots.pop(shard_id, None)
+
+    def shards(self, now: float) -> dict[str, float]:
+        """Every shard heard from -> the age of its newest summary."""
+        return {shard: now - s.taken_at for shard, s in self._summaries.items()}
+
+    def _map(self, summary: ShardSummary) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """(leader slots, summary rank positions) of the summary's ranks that are discovered ranks here."""
+        cached = self._slots.get(summary.shard_id)
+        if cached is not None and cached[0] == summary.seq:
+            return cached[1], cached[2]
+        table = self._table
+        index = table.worker_index
+        dp_here = table.dp_size
+        firsts = table.first_slot
+        src_start = 0
+        slots: list[npt.NDArray[np.intp]] = []
+        where: list[npt.NDArray[np.intp]] = []
+        for wid, dp in zip(summary.workers, summary.dp_size, strict=True):
+            i = index.get(wid)
+            if i is not None and int(dp_here[i]) == dp:
+                slots.append(np.arange(firsts[i], firsts[i] + dp, dtype=np.intp))
+                where.append(np.arange(src_start, src_start + dp, dtype=np.intp))
+            src_start += dp
+        out = (np.concatenate(slots), np.concatenate(where)) if slots else (np.zeros(0, np.intp), np.zeros(0, np.intp))
+        self._slots[summary.shard_id] = (summary.seq, *out)
+        return out
+
+    def snapshot(self, now: float) -> FleetSnapshot:
+        """The merged snapshot at ``now`` (wall clock seconds, as the shards stamp their summaries)."""
+        table = self._table
+        fresh = np.zeros(table.size, dtype=np.bool_)
+        load = {service: [0.0] * len(LoadField) for service in table.services}
+        drops = dict.fromkeys(DropReason, 0)
+        by_worker: dict[str, dict[DropReason, int]] = {}
+        endpoints: dict[str, EndpointSeen] = {}
+        for summary in self._summaries.values():
+            for name, n in summary.drops.items():
+                reason = _REASONS.get(name)
+                if reason is not None:
+                    drops[reason] += n
+            for wid, per in summary.drops_by_worker.items():
+                if wid in table.worker_index:
+                    mine = by_worker.setdefault(wid, {})
+                    for name, n in per.items():
+                        reason = _REASONS.get(name)
+                        if reason is not None:
+                            mine[reason] = mine.get(reason, 0) + n
+            if now - summary.taken_at > self.max_summary_age_s:
+                continue  # stale summary: its ranks stay not fresh
+            slots, where = self._map(summary)
+            if len(slots):
+                fresh[slots] |= np.frombuffer(summary.fresh, dtype=np.uint8)[where].astype(np.bool_)
+            for service, values in summary.load.items():
+                acc = load.get(service)
+                if acc is not None:
+                    for f, v in enumerate(values[: len(LoadField)]):
+                        acc[f] += v
+            for endpoint, seen in summary.seen.items():
+                endpoints[endpoint] = EndpointSeen(
+                    endpoint=endpoint,
+                    worker_id=seen.worker_id,
+                    dp_rank=seen.dp_rank,
+                    last_at=summary.taken_at - seen.age_s,
+                    messages=seen.messages,
+                )
+        fresh.flags.writeable = False
+        fresh_ranks = (
+            np.add.reduceat(fresh, table.first_slot, dtype=np.int64) if table.records else np.zeros(0, np.int64)
+        )
+        fresh_ranks.flags.writeable = False
+        return FleetSnapshot(
+            now=now,
+            ttl_s=self.ttl_s,
+            ranks=_SummaryRanks(table, fresh),
+            endpoints=endpoints,
+            drops=drops,
+            drops_by_worker=by_worker,
+            totals=FleetTotals(
+                table=table,
+                fresh=fresh,
+                fresh_ranks=fresh_ranks,
+                load={service: tuple(values) for service, values in load.items()},
+            ),
+        )
