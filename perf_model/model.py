@@ -44,6 +44,7 @@ __all__ = [
     "ReplicaCapacity",
     "StepTimeFit",
     "fit_step_time",
+    "prefill_chunks_ms",
 ]
 
 
@@ -182,6 +183,36 @@ class PerfModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     profile: str | None
     ttft_overhead_ms: float
     drifting: bool  # most recent samples far from the live fit: outlier rejection suspended until a refit
+
+
+def prefill_chunks_ms(step: _Step, isl_tokens: float, queued_prefill_tokens: float, chunk_tokens: float) -> float:
+    """Every step until the last chunk of an ``isl_tokens`` prompt queued behind ``queued_prefill_tokens`` of
+    other prompts, in chunks of ``chunk_tokens``, in closed form (a constant number of ``step`` calls whatever
+    the sizes: a loop per chunk never ends at 1e20 tokens, where ``1e20 + 8192 == 1e20``).
+
+    The queue fills whole prefill-only steps (nothing cached); the prompt's first chunk shares the step with
+    what is left of the queue; its full chunks read their earlier chunks, so their sum is ``full`` steps at
+    the mean context, exact when the step time is linear in ``prefill_kv_tokens`` (the live fit and the
+    profile timer both are); a partial last chunk follows. Absurd sizes give a huge or infinite time, never a
+    hang nor NaN."""
+    chunk = chunk_tokens
+    total = 0.0
+    full_queue_steps = math.floor(queued_prefill_tokens / chunk)
+    if full_queue_steps:
+        total += full_queue_steps * step((chunk, 0.0, 0.0, 0.0))
+    # Rounding at huge sizes may leave the remainder just outside [0, chunk).
+    queue_left = min(max(queued_prefill_tokens - full_queue_steps * chunk, 0.0), chunk)
+    own = min(chunk - queue_left, isl_tokens)
+    total += step((queue_left + own, 0.0, 0.0, 0.0))
+    done = own
+    rest = isl_tokens - done
+    full = math.floor(rest / chunk) if rest > 0 else 0
+    if full:
+        total += full * step((chunk, done + chunk * (full - 1) / 2.0, 0.0, 0.0))
+    tail = rest - full * chunk
+    if tail > 0:
+        total += step((tail, done + full * chunk, 0.0, 0.0))
+    return total
 
 
 def _load_check(*values: float) -> None:
@@ -397,20 +428,7 @@ class PerfModel:
         if max_num_batched_tokens < 1:
             raise InvalidLoadError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
         step, band = self._require(prefill=True, decode=False)
-        chunk = float(max_num_batched_tokens)
-        total = 0.0
-        full_queue_steps = math.floor(queued_prefill_tokens / chunk)
-        if full_queue_steps:
-            total += full_queue_steps * step((chunk, 0.0, 0.0, 0.0))
-        queue_left = queued_prefill_tokens - full_queue_steps * chunk
-        done = 0.0
-        isl = max(isl_tokens, 1.0)
-        while done < isl:
-            budget = chunk - queue_left
-            own = min(budget, isl - done)
-            total += step((queue_left + own, done * own / (queue_left + own), 0.0, 0.0))
-            queue_left = 0.0
-            done += own
+        total = prefill_chunks_ms(step, max(isl_tokens, 1.0), queued_prefill_tokens, float(max_num_batched_tokens))
         overhead = self.ttft_overhead_ms
         return LatencyEstimate(value_ms=overhead + total, upper_ms=overhead + total * band)
 

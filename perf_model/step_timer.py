@@ -282,10 +282,18 @@ class ProfileStepTimer:
         plus :attr:`ttft_overhead_ms`. Reproduces the profile's TTFT points when the chunk covers the ISL."""
         if max_num_batched_tokens < 1:
             raise InvalidLoadError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
-        done = 0.0
+        if not 0.0 <= isl_tokens < math.inf:
+            raise InvalidLoadError(f"isl_tokens must be finite and non-negative, got {isl_tokens}")
+        if isl_tokens <= 0.0:
+            return self.ttft_overhead_ms
+        # Closed form (a loop per chunk never ends at 1e20 tokens): full chunks at their mean context, exact as
+        # the step time is linear in prefill_kv_tokens, then the partial last chunk.
+        chunk = float(max_num_batched_tokens)
+        full = math.floor(isl_tokens / chunk)
         total = self.ttft_overhead_ms
-        while done < isl_tokens:
-            chunk = min(float(max_num_batched_tokens), isl_tokens - done)
-            total += self.step_time_ms(chunk, done, 0.0, 0.0)
-            done += chunk
+        if full:
+            total += full * self.step_time_ms(chunk, chunk * (full - 1) / 2.0, 0.0, 0.0)
+        tail = isl_tokens - full * chunk
+        if tail > 0.0:
+            total += self.step_time_ms(tail, full * chunk, 0.0, 0.0)
         return total

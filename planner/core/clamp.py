@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from planner.core.config import PolicyKind, ScaleRules, SelectPolicy
+from planner.core.config import PolicyKind, RoleBounds, ScaleRules, SelectPolicy
 from planner.core.decision import Reason
 
 __all__ = ["BudgetAsk", "Clamped", "apply_bounds", "apply_gpu_budget", "rate_limit", "stabilize"]
@@ -25,7 +25,25 @@ class Clamped(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
-def apply_bounds(value: int, min_replicas: int, max_replicas: int) -> Clamped:
+def apply_bounds(value: int, min_replicas: int, max_replicas: int, actuator: RoleBounds | None = None) -> Clamped:
+    """Clamp to ``[min_replicas, max_replicas]``, then to the actuator's hard bounds when given (the effective
+    bounds are the intersection; a count the actuator would refuse is capped, reason
+    ``capped_by_actuator_bounds``)."""
+    own = _own_bounds(value, min_replicas, max_replicas)
+    if actuator is None:
+        return own
+    if own.replicas > actuator.max_replicas or own.replicas < actuator.min_replicas:
+        capped = min(max(own.replicas, actuator.min_replicas), actuator.max_replicas)
+        return Clamped(
+            replicas=capped,
+            reason=Reason.CAPPED_BY_ACTUATOR_BOUNDS,
+            detail=f"{value} capped to {capped} by the actuator's bounds"
+            f" [{actuator.min_replicas}, {actuator.max_replicas}]",
+        )
+    return own
+
+
+def _own_bounds(value: int, min_replicas: int, max_replicas: int) -> Clamped:
     if value < min_replicas:
         return Clamped(
             replicas=min_replicas,

@@ -239,6 +239,13 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     pending_timeout_s: float = 300.0
     # SLA mode: predictions must be at most (1 - headroom_frac) x target, on top of the model's upper band.
     headroom_frac: float = 0.0
+    # SLA mode: the engines' prefill chunk (max_num_batched_tokens) when no engine of the role reports one (no
+    # worker discovered, e.g. a what-if on an empty role); vLLM's default for online serving.
+    default_max_num_batched_tokens: int = 8192
+    # The actuator's hard bounds for this role's deployment (None: not given). The core's effective bounds are the
+    # intersection with min_replicas/max_replicas (reason capped_by_actuator_bounds); set them with
+    # CoreConfig.with_actuator_bounds, which refuses bounds that do not intersect.
+    actuator_bounds: RoleBounds | None = None
     # SLA mode: the ITL check's own headroom (None: headroom_frac). The models predict the MEAN ITL of an engine's
     # sequences while the SLA is per request: the spread of request ITLs around that mean (a short request
     # decoding through a long prompt's chunks) is ITL-specific, so it gets its own margin.
@@ -256,10 +263,30 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             self.itl_headroom_frac is None or 0 <= self.itl_headroom_frac < 1,
             f"itl_headroom_frac must be in [0, 1), got {self.itl_headroom_frac!r}",
         )
+        _need(
+            self.default_max_num_batched_tokens >= 1,
+            f"default_max_num_batched_tokens must be >= 1, got {self.default_max_num_batched_tokens!r}",
+        )
+        a = self.actuator_bounds
+        _need(
+            a is None or (a.min_replicas <= self.max_replicas and self.min_replicas <= a.max_replicas),
+            f"bounds [{self.min_replicas}, {self.max_replicas}] do not intersect the actuator's"
+            f" [{a.min_replicas if a else 0}, {a.max_replicas if a else 0}]",
+        )
 
     @property
     def bounds(self) -> RoleBounds:
         return RoleBounds(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
+
+    @property
+    def effective_bounds(self) -> RoleBounds:
+        """The bounds the core decides within: its own, intersected with the actuator's when given."""
+        a = self.actuator_bounds
+        if a is None:
+            return self.bounds
+        return RoleBounds(
+            min_replicas=max(self.min_replicas, a.min_replicas), max_replicas=min(self.max_replicas, a.max_replicas)
+        )
 
 
 def _default_roles() -> dict[Role, RoleConfig]:
@@ -298,6 +325,17 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
                 roles.get(role) or RoleConfig(), min_replicas=rb.min_replicas, max_replicas=rb.max_replicas
             )
         return CoreConfig(roles=roles, max_total_gpus=bounds.max_total_gpus)
+
+    def with_actuator_bounds(self, bounds: Mapping[Role, RoleBounds]) -> CoreConfig:
+        """A new config deciding within the actuator's hard bounds too: each role's effective bounds become the
+        intersection of its own and ``bounds[role]`` (a count past the actuator's max is capped there, reason
+        ``capped_by_actuator_bounds``, instead of being refused every tick). Roles not named keep what they had.
+        Raises :class:`CoreConfigError` when a role's bounds and the actuator's do not intersect: the service
+        refuses such a configuration at start."""
+        roles = dict(self.roles)
+        for role, rb in bounds.items():
+            roles[role] = msgspec.structs.replace(roles.get(role) or RoleConfig(), actuator_bounds=rb)
+        return CoreConfig(roles=roles, max_total_gpus=self.max_total_gpus)
 
 
 def load_config(data: Mapping[str, Any]) -> CoreConfig:

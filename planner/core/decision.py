@@ -73,6 +73,7 @@ class Reason(enum.StrEnum):
     PERF_MODEL_NOT_READY = "perf_model_not_ready"
     SILENT_COUNTED_IDLE = "silent_counted_idle"
     LOAD_OVERRIDDEN = "load_overridden"
+    LOAD_INVALID = "load_invalid"
     # forecast
     FORECAST_FLOOR = "forecast_floor"
     FORECAST_BELOW_LOAD = "forecast_below_load"
@@ -80,6 +81,7 @@ class Reason(enum.StrEnum):
     # bounds
     CLAMPED_TO_MIN = "clamped_to_min"
     CLAMPED_TO_MAX = "clamped_to_max"
+    CAPPED_BY_ACTUATOR_BOUNDS = "capped_by_actuator_bounds"
     # rate limit
     SCALE_UP_RATE_LIMITED = "scale_up_rate_limited"
     SCALE_DOWN_RATE_LIMITED = "scale_down_rate_limited"

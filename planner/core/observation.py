@@ -26,7 +26,23 @@ from planner.discovery import Role, WorkerRecord
 from planner.errors import PlannerError
 from planner.ingest.store import FleetSnapshot
 
-__all__ = ["DeploymentStatus", "Observation", "ObservationError", "RoleLoad", "Traffic"]
+__all__ = [
+    "MAX_PLAUSIBLE_COUNT",
+    "MAX_PLAUSIBLE_RATE_PER_S",
+    "MAX_PLAUSIBLE_TOKENS",
+    "DeploymentStatus",
+    "Observation",
+    "ObservationError",
+    "RoleLoad",
+    "Traffic",
+]
+
+# Plausibility limits of the core's own inputs (whatever ingest lets through). A load count past 2^53 is no
+# longer an exact float and no fleet has it (an FPM field at 2^64 - 1 is a broken counter, not load); a request
+# of more than 2^31 tokens exceeds every model's context; a billion requests per second no router sees.
+MAX_PLAUSIBLE_COUNT = 2.0**53
+MAX_PLAUSIBLE_TOKENS = 2.0**31
+MAX_PLAUSIBLE_RATE_PER_S = 1e9
 
 
 class ObservationError(PlannerError, ValueError):
@@ -71,8 +87,11 @@ class DeploymentStatus(msgspec.Struct, frozen=True, kw_only=True):
         return self.action_in_flight or self.ready < self.desired
 
 
-def _finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) and value >= 0 else None
+def _finite_or_none(value: float | None, limit: float = math.inf) -> float | None:
+    """The value when it is a number in ``[0, limit]`` (finite), else None (unknown)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) and 0 <= value <= limit else None
 
 
 def _fraction_or_none(value: float | None) -> float | None:
@@ -86,7 +105,8 @@ def _count_or_none(value: int | None) -> int | None:
 class Traffic(msgspec.Struct, frozen=True, kw_only=True):
     """Request traffic into a role, when the caller knows it (a replayed trace, a router, or the FPM traffic
     extension through :mod:`planner.ingest.traffic`). Every field is optional; non-finite or negative values
-    (and attainment fractions outside [0, 1]) are treated as unknown by :meth:`clean`.
+    (and attainment fractions outside [0, 1], a rate past :data:`MAX_PLAUSIBLE_RATE_PER_S`, a length past
+    :data:`MAX_PLAUSIBLE_TOKENS`) are treated as unknown by :meth:`clean`.
 
     Rates and means: ``request_rate_per_s`` (arrivals per second), ``isl_tokens``/``osl_tokens`` (mean input /
     output sequence length). Distributions over the same window: ``isl_tokens_p50/p90/p99`` (prompt tokens of
@@ -127,15 +147,15 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
 
     def clean(self) -> Traffic:
         return Traffic(
-            request_rate_per_s=_finite_or_none(self.request_rate_per_s),
-            isl_tokens=_finite_or_none(self.isl_tokens),
-            osl_tokens=_finite_or_none(self.osl_tokens),
-            isl_tokens_p50=_finite_or_none(self.isl_tokens_p50),
-            isl_tokens_p90=_finite_or_none(self.isl_tokens_p90),
-            isl_tokens_p99=_finite_or_none(self.isl_tokens_p99),
-            osl_tokens_p50=_finite_or_none(self.osl_tokens_p50),
-            osl_tokens_p90=_finite_or_none(self.osl_tokens_p90),
-            osl_tokens_p99=_finite_or_none(self.osl_tokens_p99),
+            request_rate_per_s=_finite_or_none(self.request_rate_per_s, MAX_PLAUSIBLE_RATE_PER_S),
+            isl_tokens=_finite_or_none(self.isl_tokens, MAX_PLAUSIBLE_TOKENS),
+            osl_tokens=_finite_or_none(self.osl_tokens, MAX_PLAUSIBLE_TOKENS),
+            isl_tokens_p50=_finite_or_none(self.isl_tokens_p50, MAX_PLAUSIBLE_TOKENS),
+            isl_tokens_p90=_finite_or_none(self.isl_tokens_p90, MAX_PLAUSIBLE_TOKENS),
+            isl_tokens_p99=_finite_or_none(self.isl_tokens_p99, MAX_PLAUSIBLE_TOKENS),
+            osl_tokens_p50=_finite_or_none(self.osl_tokens_p50, MAX_PLAUSIBLE_TOKENS),
+            osl_tokens_p90=_finite_or_none(self.osl_tokens_p90, MAX_PLAUSIBLE_TOKENS),
+            osl_tokens_p99=_finite_or_none(self.osl_tokens_p99, MAX_PLAUSIBLE_TOKENS),
             ttft_ms_p50=_finite_or_none(self.ttft_ms_p50),
             ttft_ms_p90=_finite_or_none(self.ttft_ms_p90),
             ttft_ms_p99=_finite_or_none(self.ttft_ms_p99),
@@ -160,6 +180,15 @@ class RoleLoad(msgspec.Struct, frozen=True, kw_only=True):
     decode_requests: float = 0.0
     queued_decode_requests: float = 0.0
     decode_kv_tokens: float = 0.0
+
+    def invalid_fields(self) -> tuple[str, ...]:
+        """Fields that are not a number in ``[0, MAX_PLAUSIBLE_COUNT]`` (NaN, infinite, negative, or a broken
+        counter's 2^64 - 1): the core holds rather than decide on them (reason ``load_invalid``)."""
+        return tuple(
+            f"{name}={getattr(self, name)!r}"
+            for name in self.__struct_fields__
+            if _finite_or_none(getattr(self, name), MAX_PLAUSIBLE_COUNT) is None
+        )
 
 
 class Observation(msgspec.Struct, frozen=True, kw_only=True):

@@ -49,7 +49,10 @@ class Recommendation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _ceil(x: float) -> int:
-    return math.ceil(x - 1e-9) if x > 0 else 0
+    """ceil for a replica need; an unbounded (or NaN) need is capped far above any bound rather than raising."""
+    if not x > 0:
+        return 0
+    return math.ceil(min(x, float(MAX_SEARCH_REPLICAS) ** 2) - 1e-9)
 
 
 def recommend_threshold(
@@ -128,6 +131,11 @@ class AggLatency(msgspec.Struct, frozen=True, kw_only=True):
 _BISECT_STEPS = 40
 _BISECT_TOLERANCE_MS = 0.01
 _SCAN_FACTOR = 1.25  # geometric grid for the first fixed point of the ITL
+_SCAN_STEPS = 256  # 1.25^256 ~ 1e25: the grid never needs more from any positive start; bounded whatever happens
+_MIN_STEP_MS = 1e-6  # a step predicted at 0 ms (a degenerate fit) is read as this, never divided by
+# The consolidation walk above the bisection's answer (the model is monotone almost everywhere): at most this
+# many single steps, then the bisection's own answer, which always meets the targets, stands.
+_WALK_STEPS = 32
 
 
 def predict_agg_latency(
@@ -167,6 +175,26 @@ def predict_agg_latency(
     profile timer both are). Without a rate, the observed per-engine batch and scheduled prefill tokens are
     one step's load. Arguments are per engine.
     """
+    args = (
+        rate_per_s,
+        isl_tokens,
+        osl_tokens,
+        kv_per_request_tokens,
+        decode_requests,
+        queued_prefill_tokens,
+        scheduled_prefill_tokens,
+        max_num_seqs,
+        kv_capacity_tokens,
+    )
+    if not all(math.isfinite(v) for v in args):
+        return AggLatency(
+            itl_ms=math.inf,
+            ttft_ms=math.inf,
+            decode_batch=0.0,
+            prefill_busy_frac=1.0,
+            prompt_prefill_ms=math.inf,
+            saturated="non-finite input",
+        )
     budget = float(max(max_num_batched_tokens, 1))
     rate = max(rate_per_s, 0.0)
     isl = max(isl_tokens, 1.0)
@@ -212,7 +240,7 @@ def predict_agg_latency(
         if busy_ms >= 1000.0:
             return math.inf
         # A decode-only step exists only with a sequence decoding: at least one.
-        return 1000.0 / (rate * steps + (1000.0 - busy_ms) / step(0.0, 0.0, max(batch, 1.0)))
+        return 1000.0 / (rate * steps + (1000.0 - busy_ms) / max(step(0.0, 0.0, max(batch, 1.0)), _MIN_STEP_MS))
 
     if rate <= 0:
         batch = observed_batch
@@ -220,15 +248,17 @@ def predict_agg_latency(
     else:
         top = 1000.0 * limit_batch / (rate * osl)  # the ITL at which Little's law fills the batch limit
         # itl_given(I) - I is positive at 0 and may cross zero twice (the decode batch's own cost grows with I):
-        # the engine settles at the first crossing. Scan a geometric grid for it, then bisect.
+        # the engine settles at the first crossing. Scan a geometric grid for it (bounded), then bisect.
         lo, hi = 0.0, math.nan
-        probe = itl_given(0.0)
-        while math.isfinite(probe) and probe < top:
+        probe = max(itl_given(0.0), _MIN_STEP_MS)
+        for _ in range(_SCAN_STEPS):
+            if not (math.isfinite(probe) and probe < top):
+                break
             if itl_given(probe) <= probe:
                 hi = probe
                 break
             lo, probe = probe, probe * _SCAN_FACTOR
-        else:
+        if math.isnan(hi):
             if math.isfinite(probe) and itl_given(top) <= top:
                 hi = top
         if math.isnan(hi):
@@ -290,10 +320,16 @@ def recommend_sla(
     headroom_frac: float,
     search_max: int,
     itl_headroom_frac: float | None = None,
+    default_max_num_batched_tokens: int = 8192,
 ) -> Recommendation:
-    """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring)."""
+    """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
+
+    The chunk size is the engines' reported ``max_num_batched_tokens``; with no engine reporting one (no
+    worker discovered, e.g. a what-if on an empty role) ``default_max_num_batched_tokens`` (never 1 token: a
+    1e9-token prompt would be a billion chunks)."""
     dp = max(rec.dp_per_replica, 1)
-    mnbt = max(int(rec.max_num_batched_tokens), 1)
+    reported = rec.max_num_batched_tokens if math.isfinite(rec.max_num_batched_tokens) else 0.0
+    mnbt = int(reported) if reported >= 1 else max(int(default_max_num_batched_tokens), 1)
     rate = traffic.request_rate_per_s if traffic is not None else None
     isl = traffic.isl_tokens if traffic is not None and traffic.isl_tokens else None
     osl = traffic.osl_tokens if traffic is not None and traffic.osl_tokens else None
@@ -401,8 +437,15 @@ def recommend_sla(
         )
     # Consolidation check: the chosen count must itself meet the SLA (bisection assumed monotone).
     ok, ttft, itl = evaluate(n)
-    while not ok and n < search_hi:
-        n += 1
+    walked = n
+    for _ in range(_WALK_STEPS):
+        if ok or walked >= search_hi:
+            break
+        walked += 1
+        ok, ttft, itl = evaluate(walked)
+    if ok:
+        n = walked
+    else:  # the bisection's invariant: its answer met the targets when it was evaluated
         ok, ttft, itl = evaluate(n)
     if n > current:
         reason = Reason.SLA_NEEDS_MORE

@@ -118,6 +118,7 @@ def _recommend(
             rc.headroom_frac,
             search_max,
             itl_headroom_frac=rc.itl_headroom_frac,
+            default_max_num_batched_tokens=rc.default_max_num_batched_tokens,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -151,8 +152,20 @@ def _draft(
     stages: list[StageResult] = []
     reasons: list[Reason] = []
 
-    # recommend
-    rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor)
+    # recommend (never on a load it cannot trust: NaN, infinite, negative or a broken counter's 2^64 - 1)
+    invalid = load.invalid_fields()
+    if invalid:
+        sla = rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready
+        rec = Recommendation(
+            replicas=current,
+            reason=Reason.LOAD_INVALID,
+            mode=Mode.SLA if sla else Mode.THRESHOLD,
+            detail=f"{'given' if override is not None else 'measured'} load not usable ({', '.join(invalid)});"
+            f" holding at {current}",
+        )
+        extra: tuple[Reason, ...] = ()
+    else:
+        rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor)
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
     reasons.extend(extra)
@@ -174,6 +187,8 @@ def _draft(
         capacity = fc.replica_capacity_rps
         if capacity is None and rate is not None and rate > 0 and rec.replicas > 0:
             capacity = rate / rec.replicas
+        if capacity is not None and not math.isfinite(capacity):
+            capacity = None
         if predicted_rate is None or (capacity is None and predicted_rate > 0):
             value = _stage(
                 stages,
@@ -188,7 +203,8 @@ def _draft(
                 ),
             )
         else:
-            floor = math.ceil(predicted_rate / capacity - 1e-9) if capacity and predicted_rate > 0 else 0
+            need = predicted_rate / capacity if capacity and predicted_rate > 0 else 0.0
+            floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
             detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s -> floor {floor}"
             if floor > value:
                 value = _stage(
@@ -206,7 +222,9 @@ def _draft(
                 )
 
     # bounds
-    value = _stage(stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas))
+    value = _stage(
+        stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds)
+    )
     keep_recs_s = max(rc.scale_up.stabilization_window_s, rc.scale_down.stabilization_window_s)
     recommendations = (*_prune(sstate.recommendations, now, keep_recs_s), (now, value))
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
@@ -256,7 +274,12 @@ def _draft(
     reasons.extend(extra_in_flight)
 
     # min/max are hard limits: an operator's new bounds take effect now, whatever held the count above
-    value = _stage(stages, reasons, Stage.BOUNDS_ENFORCED, apply_bounds(value, rc.min_replicas, rc.max_replicas))
+    value = _stage(
+        stages,
+        reasons,
+        Stage.BOUNDS_ENFORCED,
+        apply_bounds(value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds),
+    )
 
     new_state = ServiceState(
         recommendations=recommendations,
@@ -283,8 +306,21 @@ def _draft(
     )
 
 
+def _finite_load(load: RoleLoad) -> RoleLoad:
+    """``load`` with NaN / infinite / negative fields read as 0 (the decision's JSON never carries NaN; the recommend
+    stage's ``load_invalid`` detail names the values as given)."""
+    if all(math.isfinite(v) and v >= 0 for v in msgspec.structs.astuple(load)):
+        return load
+    return RoleLoad(
+        **{
+            name: (v if math.isfinite(v) and v >= 0 else 0.0)
+            for name, v in zip(load.__struct_fields__, msgspec.structs.astuple(load), strict=True)
+        }
+    )
+
+
 def _inputs(d: _Draft, overridden: bool) -> RoleInputs:
-    recon, load = d.recon, d.load
+    recon, load = d.recon, _finite_load(d.load)
     dp_engines = recon.engines_reporting
     kv_cap = recon.kv_capacity_tokens * dp_engines
     t = d.traffic
@@ -344,6 +380,11 @@ def step(
         raise ObservationError(f"now must be a finite number of seconds, got {now!r}")
     if state.last_now is not None and now < state.last_now:
         raise ObservationError(f"now went backwards: {now} after {state.last_now}")
+    for service, status in observation.deployments.items():
+        for name in ("desired", "ready"):
+            count = getattr(status, name)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ObservationError(f"deployment {service!r}: {name} must be an integer >= 0, got {count!r}")
     started_at = state.started_at if state.started_at is not None else now
     tick = state.tick + 1
     groups = group_services(observation.workers, config)
