@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import SlowConsumerError
 
 from planner.discovery import WorkerRecord
@@ -81,6 +82,8 @@ class NatsFpmSource:
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
         self._subscribed = threading.Event()
+        self._nc: Client | None = None
+        self._subs: dict[str, Subscription] = {}
 
     # -- discovery -------------------------------------------------------------------------------------------
 
@@ -94,6 +97,37 @@ class NatsFpmSource:
         with self.lock:
             self.store.set_workers(workers)
             self._route = route
+
+    def set_subjects(self, subjects: Sequence[str], timeout_s: float = 10.0) -> None:
+        """Subscribe to ``subjects`` instead (a shard's partition after a rebalance): new ones are subscribed
+        before departed ones are dropped. From any thread but the source's own; applied at connect when not
+        running."""
+        self.subjects = tuple(dict.fromkeys(subjects))
+        loop = self._loop
+        if loop is not None and self._nc is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self._sync_subscriptions(), loop).result(timeout_s)
+
+    def publish(self, subj: str, payload: bytes, timeout_s: float = 10.0) -> bool:
+        """Publish on this source's connection (a shard's summaries); False when not connected."""
+        loop, nc = self._loop, self._nc
+        if loop is None or nc is None or not nc.is_connected or loop.is_closed():
+            return False
+        asyncio.run_coroutine_threadsafe(nc.publish(subj, payload), loop).result(timeout_s)
+        return True
+
+    async def _sync_subscriptions(self) -> None:
+        nc = self._nc
+        if nc is None:
+            return
+        wanted = self.subjects
+        for subj in wanted:
+            if subj not in self._subs:
+                self._subs[subj] = await nc.subscribe(
+                    subj, cb=self._on_msg, pending_msgs_limit=self._pending_msgs_limit
+                )
+        for subj in [s for s in self._subs if s not in set(wanted)]:
+            await self._subs.pop(subj).unsubscribe()
+        await nc.flush()
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -166,14 +200,15 @@ class NatsFpmSource:
         if nc is None:
             return
         try:
-            for subj in self.subjects:
-                await nc.subscribe(subj, cb=self._on_msg, pending_msgs_limit=self._pending_msgs_limit)
-            await nc.flush()
+            self._nc = nc
+            await self._sync_subscriptions()
             self.connects += 1
             self._subscribed.set()
             await stopping.wait()
         finally:
             self._subscribed.clear()
+            self._nc = None
+            self._subs.clear()
             await nc.close()
 
     # -- thread ----------------------------------------------------------------------------------------------
