@@ -144,8 +144,10 @@ class TinyEngine:
         max_num_seqs: int = 32,
         max_num_batched_tokens: int = 2048,
         max_model_len: int = 1024,
+        log_stats: bool = False,
     ) -> None:
         self.model_dir = model_dir
+        self.log_stats = log_stats  # True: RequestOutput.metrics carries vLLM's own per-request stats
         self.dp_size = dp_size
         self.worker_id = worker_id
         self.port_base = port_base if port_base is not None else free_port_base(dp_size)
@@ -186,13 +188,15 @@ class TinyEngine:
             data_parallel_size=self.dp_size,
             data_parallel_rpc_port=free_port(),
             scheduler_cls=self.scheduler_cls,
-            disable_log_stats=True,
+            disable_log_stats=not self.log_stats,
             seed=0,
         )
 
         async def build() -> Any:
             config = args.create_engine_config(usage_context=UsageContext.ENGINE_CONTEXT)
-            return AsyncLLM.from_vllm_config(config, usage_context=UsageContext.ENGINE_CONTEXT, disable_log_stats=True)
+            return AsyncLLM.from_vllm_config(
+                config, usage_context=UsageContext.ENGINE_CONTEXT, disable_log_stats=not self.log_stats
+            )
 
         with _patched_environ(env, remove=() if self.worker_id is not None else ("FPM_WORKER_ID",)):
             self.llm = self.run(build(), timeout_s=600)
