@@ -1,6 +1,7 @@
 """``fpm-planner replay``: replay a request trace against the planner and the baselines.
 
     fpm-planner replay --trace PATH --rate-scale K --policy ours,fixed,hpa,dynamo,oracle --json OUT [--report DIR]
+    fpm-planner replay --scenario NAME [--seed N] ...     (a synthetic scenario instead of a trace file)
 
 Prints a progress bar on stderr and a one-line summary per policy on stdout; the JSON document has
 ``{"policies": {"ours": {"sla_attainment", "gpu_hours", "gpu_hours_vs_oracle", "scale_actions", "flaps",
@@ -25,6 +26,7 @@ from planner.sim.engine import EngineConfig
 from planner.sim.fleet import FleetConfig, RouterKind, StartupMode
 from planner.sim.metrics import SlaConfig
 from planner.sim.predictors import profile_predictors
+from planner.sim.scenarios import SCENARIOS, scenario_trace
 from planner.sim.timing import DEFAULT_PROFILE_DIR, default_timer, ttft_overhead_s
 from planner.sim.traces import compress_time, load_trace, scale_rate
 
@@ -32,7 +34,13 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="Azure 2023 CSV or Mooncake JSONL trace")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="Azure 2023 CSV or Mooncake JSONL trace")
+    source.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        help="a deterministic synthetic scenario (seeded by --seed) instead of a trace; see planner/sim/scenarios.py",
+    )
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate (same duration)")
     parser.add_argument(
         "--shift-s",
@@ -63,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hpa-target-queue", type=float, default=5.0, help="HPA: waiting requests per replica")
     parser.add_argument("--max-replicas", type=int, default=64)
     parser.add_argument("--core-config", default=None, help="decision-core config (YAML) for ours")
-    parser.add_argument("--no-traffic", action="store_true", help="do not give ours the router's request rate")
+    parser.add_argument("--no-traffic", action="store_true", help="do not give ours traffic (from FPM)")
     parser.add_argument("--no-perf-model", action="store_true", help="ours without a predictor (threshold mode)")
     parser.add_argument(
         "--reuse",
@@ -131,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         timer = default_timer(args.profile)
         overhead_s = ttft_overhead_s(timer)
         settings = settings_from_args(args, overhead_s)
-        trace = load_trace(args.trace)
+        trace = scenario_trace(args.scenario, seed=args.seed) if args.scenario else load_trace(args.trace)
         if args.time_scale != 1.0:
             trace = compress_time(trace, args.time_scale)
         trace = scale_rate(trace, args.rate_scale, seed=args.seed, shift_s=args.shift_s)

@@ -1,0 +1,155 @@
+"""Deterministic synthetic scenarios for the replay (``fpm-planner replay --scenario NAME``).
+
+Each scenario is a request-rate curve and ISL / OSL distributions over time; :func:`scenario_trace` draws a
+seeded non-homogeneous Poisson process from it (thinning against the curve's peak), with log-normal prompt and
+output lengths around time-varying medians, so the same name and seed always give the same trace. Rates are in
+requests per second for the simulated Llama-3.1-8B-FP8 / H200 engines (one replica serves roughly 15-30 of
+these requests per second, so the peaks below need several replicas and the troughs one or two).
+
+| name | what it tests |
+|---|---|
+| ``surge_from_idle`` | near-idle for 10 min, then 60 req/s at once for 15 min, then idle again |
+| ``diurnal_ramp`` | a compressed day: rate from 4 to 60 req/s and back along a cosine over 60 min |
+| ``flash_crowd`` | 8 req/s with a 10x flash crowd (80 req/s) for 3 min in the middle |
+| ``prompt_shift`` | steady 20 req/s; prompts short (median 300 tokens) then long (median 4000) from minute 15 |
+| ``output_shift`` | steady 20 req/s; outputs short (median 40 tokens) then long (median 600) from minute 15 |
+| ``slow_drift`` | rate from 10 to 40 req/s and prompt median from 800 to 2000 tokens, linearly over 60 min |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from planner.errors import ConfigError
+from planner.sim.traces import Trace
+
+__all__ = ["SCENARIOS", "Scenario", "scenario_trace"]
+
+Curve = Callable[[np.ndarray], np.ndarray]  # seconds -> value, vectorised
+
+
+class Scenario(msgspec.Struct, frozen=True, kw_only=True):
+    """A rate curve and median ISL / OSL curves over ``duration_s``; lengths are log-normal with ``sigma``."""
+
+    name: str
+    description: str
+    duration_s: float
+    peak_rate_per_s: float  # an upper bound of ``rate`` (thinning)
+    rate: Curve
+    isl_median: Curve
+    osl_median: Curve
+    isl_sigma: float = 0.6
+    osl_sigma: float = 0.6
+
+
+def _const(value: float) -> Curve:
+    return lambda t: np.full(t.shape, float(value))
+
+
+def _step(before: float, after: float, at_s: float) -> Curve:
+    return lambda t: np.where(t < at_s, float(before), float(after))
+
+
+def _window(base: float, high: float, start_s: float, end_s: float) -> Curve:
+    return lambda t: np.where((t >= start_s) & (t < end_s), float(high), float(base))
+
+
+def _linear(start: float, end: float, duration_s: float) -> Curve:
+    return lambda t: start + (end - start) * np.clip(t / duration_s, 0.0, 1.0)
+
+
+def _diurnal(low: float, high: float, duration_s: float) -> Curve:
+    return lambda t: low + (high - low) * 0.5 * (1.0 - np.cos(2.0 * math.pi * t / duration_s))
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="surge_from_idle",
+            description="near-idle 10 min, 60 req/s for 15 min, near-idle 10 min",
+            duration_s=2100.0,
+            peak_rate_per_s=60.0,
+            rate=_window(0.05, 60.0, 600.0, 1500.0),
+            isl_median=_const(1000.0),
+            osl_median=_const(150.0),
+        ),
+        Scenario(
+            name="diurnal_ramp",
+            description="4 -> 60 -> 4 req/s along a cosine over 60 min",
+            duration_s=3600.0,
+            peak_rate_per_s=60.0,
+            rate=_diurnal(4.0, 60.0, 3600.0),
+            isl_median=_const(1000.0),
+            osl_median=_const(150.0),
+        ),
+        Scenario(
+            name="flash_crowd",
+            description="8 req/s, 10x (80 req/s) for 3 min from minute 12, 30 min in all",
+            duration_s=1800.0,
+            peak_rate_per_s=80.0,
+            rate=_window(8.0, 80.0, 720.0, 900.0),
+            isl_median=_const(1000.0),
+            osl_median=_const(150.0),
+        ),
+        Scenario(
+            name="prompt_shift",
+            description="20 req/s; prompt median 300 then 4000 tokens from minute 15, 30 min in all",
+            duration_s=1800.0,
+            peak_rate_per_s=20.0,
+            rate=_const(20.0),
+            isl_median=_step(300.0, 4000.0, 900.0),
+            osl_median=_const(150.0),
+        ),
+        Scenario(
+            name="output_shift",
+            description="20 req/s; output median 40 then 600 tokens from minute 15, 30 min in all",
+            duration_s=1800.0,
+            peak_rate_per_s=20.0,
+            rate=_const(20.0),
+            isl_median=_const(1000.0),
+            osl_median=_step(40.0, 600.0, 900.0),
+        ),
+        Scenario(
+            name="slow_drift",
+            description="10 -> 40 req/s and prompt median 800 -> 2000 tokens, linearly over 60 min",
+            duration_s=3600.0,
+            peak_rate_per_s=40.0,
+            rate=_linear(10.0, 40.0, 3600.0),
+            isl_median=_linear(800.0, 2000.0, 3600.0),
+            osl_median=_const(150.0),
+        ),
+    )
+}
+
+_MAX_ISL = 32000
+_MAX_OSL = 4000
+
+
+def scenario_trace(name: str, *, seed: int = 0) -> Trace:
+    """The trace of scenario ``name`` (see the module docstring) drawn with ``seed``; a
+    :class:`~planner.errors.ConfigError` names the known scenarios for an unknown name."""
+    scenario = SCENARIOS.get(name)
+    if scenario is None:
+        raise ConfigError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    rng = np.random.default_rng(seed)
+    peak = scenario.peak_rate_per_s
+    count = int(rng.poisson(peak * scenario.duration_s))
+    candidates = np.sort(rng.random(count) * scenario.duration_s)
+    keep = rng.random(count) * peak < scenario.rate(candidates)
+    arrival = candidates[keep]
+    if arrival.size == 0:
+        raise ConfigError(f"scenario {name!r} drew no requests with seed {seed}")
+    isl = np.exp(np.log(scenario.isl_median(arrival)) + scenario.isl_sigma * rng.standard_normal(arrival.size))
+    osl = np.exp(np.log(scenario.osl_median(arrival)) + scenario.osl_sigma * rng.standard_normal(arrival.size))
+    return Trace(
+        name=f"scenario:{name}",
+        arrival_s=arrival - arrival[0],
+        isl=np.clip(np.rint(isl), 1, _MAX_ISL).astype(np.int64),
+        osl=np.clip(np.rint(osl), 1, _MAX_OSL).astype(np.int64),
+        hash_ids=(None,) * int(arrival.size),
+    )

@@ -1,0 +1,110 @@
+"""Synthetic replay scenarios (issue 13, item 7): deterministic, shaped as named, and runnable from the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.cli import main
+from planner.errors import ConfigError
+from planner.sim.scenarios import SCENARIOS, scenario_trace
+
+EXPECTED = {"surge_from_idle", "diurnal_ramp", "flash_crowd", "prompt_shift", "output_shift", "slow_drift"}
+
+
+def _rate(trace_arrivals: np.ndarray, lo: float, hi: float) -> float:
+    return float(((trace_arrivals >= lo) & (trace_arrivals < hi)).sum()) / (hi - lo)
+
+
+def test_every_scenario_the_issue_names_exists() -> None:
+    assert set(SCENARIOS) == EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_scenario_is_the_same_for_the_same_seed_and_differs_for_another(name: str) -> None:
+    a, b, c = scenario_trace(name, seed=3), scenario_trace(name, seed=3), scenario_trace(name, seed=4)
+    np.testing.assert_array_equal(a.arrival_s, b.arrival_s)
+    np.testing.assert_array_equal(a.isl, b.isl)
+    np.testing.assert_array_equal(a.osl, b.osl)
+    assert len(a) != len(c) or not np.array_equal(a.arrival_s, c.arrival_s)
+    assert np.all(np.diff(a.arrival_s) >= 0) and a.arrival_s[0] == 0.0
+    assert a.isl.min() >= 1 and a.osl.min() >= 1
+
+
+def test_surge_from_idle_is_idle_then_a_surge() -> None:
+    t = scenario_trace("surge_from_idle")  # times from its first request, a few seconds into the idle part
+    assert t.arrival_s[1] > 1.0  # idle: requests seconds apart
+    assert _rate(t.arrival_s, 0.0, 500.0) < 0.2 and 55.0 < _rate(t.arrival_s, 700.0, 1400.0) < 65.0
+    assert _rate(t.arrival_s, 1600.0, 2000.0) < 0.2
+
+
+def test_flash_crowd_is_ten_times_the_base_for_three_minutes() -> None:
+    t = scenario_trace("flash_crowd")
+    base = _rate(t.arrival_s, 100.0, 700.0)
+    crowd = _rate(t.arrival_s, 730.0, 890.0)
+    assert 9.0 < crowd / base < 11.0
+
+
+def test_diurnal_ramp_rises_and_falls() -> None:
+    t = scenario_trace("diurnal_ramp")
+    edges = [_rate(t.arrival_s, lo, lo + 300.0) for lo in (0.0, 1650.0, 3300.0)]
+    assert edges[0] < 10.0 and edges[1] > 50.0 and edges[2] < 10.0
+
+
+def test_prompt_and_output_shifts_change_the_lengths_mid_trace() -> None:
+    p = scenario_trace("prompt_shift")
+    early, late = p.arrival_s < 850.0, p.arrival_s > 950.0
+    assert np.median(p.isl[early]) < 400 and np.median(p.isl[late]) > 3000
+    assert abs(np.median(p.osl[early]) / np.median(p.osl[late]) - 1) < 0.1
+    o = scenario_trace("output_shift")
+    early, late = o.arrival_s < 850.0, o.arrival_s > 950.0
+    assert np.median(o.osl[early]) < 60 and np.median(o.osl[late]) > 450
+
+
+def test_slow_drift_grows_the_rate_and_the_prompts() -> None:
+    t = scenario_trace("slow_drift")
+    first, last = t.arrival_s < 600.0, t.arrival_s > 3000.0
+    assert _rate(t.arrival_s, 0.0, 600.0) < 0.6 * _rate(t.arrival_s, 3000.0, 3600.0)
+    assert np.median(t.isl[first]) < 0.7 * np.median(t.isl[last])
+
+
+def test_an_unknown_scenario_is_refused_with_the_known_names() -> None:
+    with pytest.raises(ConfigError, match="flash_crowd"):
+        scenario_trace("nope")
+
+
+def test_replay_runs_a_scenario_from_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    code = main(
+        [
+            "replay",
+            "--scenario",
+            "output_shift",
+            "--duration-s",
+            "60",
+            "--policy",
+            "ours,fixed,oracle",
+            "--startup-mode",
+            "restore",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["trace"]["name"] == "scenario:output_shift"
+    assert set(doc["policies"]) == {"ours", "fixed", "oracle"}
+    assert doc["settings"]["fleet"]["startup_mode"] == "restore"
+
+
+def test_replay_needs_exactly_one_of_trace_and_scenario(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--quiet"])
+    with pytest.raises(SystemExit):
+        main(["replay", "--scenario", "flash_crowd", "--trace", str(tmp_path / "t.csv"), "--quiet"])
+    with pytest.raises(SystemExit):
+        main(["replay", "--scenario", "no_such_scenario", "--quiet"])
