@@ -2,7 +2,7 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint demo bench clean
+.PHONY: setup test test-fast lint demo bench clean mutate mutate-sample
 
 # Creates .venv and installs the project, its test tools and the CPU build of vLLM (pinned).
 setup:
@@ -32,6 +32,16 @@ test:
 # Everything except the real-engine tests.
 test-fast:
 	$(BIN)/python -m pytest -m "not vllm"
+
+# Mutation testing (mutmut) of planner/core, planner/ingest/store.py, worker_shim/fpm.py and perf_model, on a scratch
+# copy of HEAD; writes docs/mutation-results.{md,json}. Slow (tens of minutes on two shared cores): not in `make test`.
+# See docs/testing.md.
+mutate:
+	nice -n 15 $(BIN)/python scripts/mutate.py --jobs 2 --json docs/mutation-results.json --md docs/mutation-results.md
+
+# The fixed sample CI can afford: every scoped module's mutants numbered ...0 (about 1 in 10), failing under 85 %.
+mutate-sample:
+	nice -n 15 $(BIN)/python scripts/mutate.py --jobs 2 --sample 0 --fail-under 85
 
 lint:
 	$(BIN)/ruff check planner worker_shim perf_model tests
