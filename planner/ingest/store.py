@@ -24,7 +24,7 @@ import operator
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, compress, groupby, repeat
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -34,6 +34,9 @@ from msgspec.structs import astuple
 from planner.discovery import WorkerRecord
 from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics
+
+if TYPE_CHECKING:
+    from planner.ingest.traffic import TrafficWindows
 
 __all__ = [
     "DropReason",
@@ -532,6 +535,8 @@ class FleetStore:
         self.drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
         # Drops we can still pin on a discovered worker (by its endpoint), for diagnostics.
         self.drops_by_worker: dict[str, dict[DropReason, int]] = {}
+        # Fed the FPM traffic extension of every stored step sample, under its worker's service (issue 13).
+        self.traffic: TrafficWindows | None = None
 
     # -- discovery -------------------------------------------------------------------------------------------
 
@@ -702,6 +707,8 @@ class FleetStore:
             entry = (received_at, sample)
             self._active[slot] = entry
             self._windows[slot].append(entry)  # type: ignore[union-attr]
+            if self.traffic is not None and sample.traffic is not msgspec.UNSET:
+                self.traffic.add(self._workers[route[0]].service, sample.traffic, received_at)
         return None
 
     def _plausible(self, sample: ForwardPassMetrics) -> bool:

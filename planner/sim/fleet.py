@@ -27,7 +27,7 @@ from planner.ingest.traffic import TrafficWindows
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
 from planner.sim.timing import StepTimer
 from worker_shim import fpm
-from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests, StepTraffic
+from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
 __all__ = [
     "FleetConfig",
@@ -131,7 +131,8 @@ class StoreSink:
     ) -> None:
         self.store = store
         self.heartbeat_interval_s = heartbeat_interval_s
-        self.traffic = traffic  # fed each stored sample's traffic extension, under its worker's service
+        if traffic is not None:
+            store.traffic = traffic  # the store feeds it each stored sample's extension, as in the service
         self._counter: dict[str, int] = {}
         self._last_at: dict[str, float] = {}
         self._endpoint: dict[str, str] = {}
@@ -172,10 +173,6 @@ class StoreSink:
         self.samples += 1
         if self.store.ingest(self._endpoint[wid], sample, end_s, end_s) is not None:
             self.dropped += 1
-        elif self.traffic is not None and isinstance(sample.traffic, StepTraffic):
-            record = self.store.workers.get(wid)
-            if record is not None:
-                self.traffic.add(record.service, sample.traffic, end_s)
 
     def idle(self, engine: SimEngine, now: float) -> None:
         wid = engine.worker_id

@@ -126,3 +126,29 @@ def test_traffic_clean_treats_nonsense_as_unknown() -> None:
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window_s"):
         TrafficWindows(window_s=0.0)
+
+
+def test_the_store_feeds_only_stored_step_samples_under_their_workers_service() -> None:
+    from planner.discovery import WorkerRecord
+    from planner.ingest.store import DropReason, FleetStore
+    from worker_shim.fpm import ForwardPassMetrics, heartbeat
+
+    store = FleetStore(ttl_s=30.0)
+    windows = TrafficWindows(window_s=60.0)
+    store.traffic = windows
+    store.set_workers(
+        {"w1": WorkerRecord(worker_id="w1", role=Role.DECODE, service="decode-svc", fpm_endpoints=("tcp://a:1",))}
+    )
+
+    def sample(counter: int, worker_id: str = "w1") -> ForwardPassMetrics:
+        return ForwardPassMetrics(
+            worker_id=worker_id, dp_rank=0, counter_id=counter, wall_time=0.01, traffic=_step(arrivals=[100, 200])
+        )
+
+    assert store.ingest("tcp://a:1", sample(1), 1.0, 1.0) is None
+    assert store.ingest("tcp://a:1", sample(1), 1.1, 1.1) is DropReason.OUT_OF_ORDER  # a replay: not counted again
+    assert store.ingest("tcp://a:1", sample(2, "stranger"), 1.2, 1.2) is DropReason.UNKNOWN_WORKER
+    assert store.ingest("tcp://a:1", heartbeat("w1", 0, 3), 1.3, 1.3) is None
+    got = windows.traffic("decode-svc", 2.0)
+    assert windows.services() == ("decode-svc",)
+    assert got is not None and got.requests_in_window == 2 and got.isl_tokens == 150.0
