@@ -7,9 +7,9 @@ Public API (stable; later changes are additive only)::
                             now, CoreConfig())
     msgspec.json.encode(decisions[0])    # the record /v1/decisions/{id}/explain serves
 
-Modules: observation (inputs), reconcile (Coverage), recommend (SLA / threshold), forecast (predictive
-floor), clamp (bounds, rate limit, stabilization, GPU budget), safety (coverage, in flight), decision
-(records, reasons), config (typed, validated), state, step.
+Modules: observation (inputs), reconcile (Coverage), recommend (SLA / threshold), feedback (SLA closed loop),
+forecast (predictive floor), clamp (bounds, rate limit, stabilization, GPU budget), safety (coverage, in
+flight), decision (records, reasons), config (typed, validated), state, step.
 """
 
 from planner.core.config import (
@@ -24,6 +24,7 @@ from planner.core.config import (
     ScaleRules,
     ScalingPolicy,
     SelectPolicy,
+    SlaFeedbackConfig,
     SlaTargets,
     ThresholdConfig,
     load_config,
@@ -68,6 +69,7 @@ __all__ = [
     "ScalingPolicy",
     "SelectPolicy",
     "ServiceState",
+    "SlaFeedbackConfig",
     "SlaTargets",
     "Stage",
     "StageResult",

@@ -34,6 +34,7 @@ __all__ = [
     "ScaleRules",
     "ScalingPolicy",
     "SelectPolicy",
+    "SlaFeedbackConfig",
     "SlaTargets",
     "ThresholdConfig",
     "load_config",
@@ -196,6 +197,47 @@ class ForecastConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             )
 
 
+class SlaFeedbackConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """SLA mode's closed loop (see :mod:`planner.core.feedback`): a bounded integral correction of the TTFT and ITL
+    headroom from the observed attainment (``Traffic.ttft_attainment_frac`` / ``itl_attainment_frac``).
+
+    - ``attainment_goal``: the fraction of requests that must meet each target.
+    - ``gain_per_s``: headroom added per second per unit of attainment shortfall (0.03: 90 % observed against a
+      99 % goal tightens by 0.16 of the target per minute).
+    - ``relax_gain_ratio``: relaxing (attainment above the goal) integrates this fraction of the gain: the loop
+      probes for spare capacity slowly, since each probe below the boundary costs misses (100 % observed relaxes
+      by 0.0018 of the target per minute).
+    - ``min_samples``: requests an attainment must rest on before it moves the correction.
+    - ``max_tighten_frac`` / ``max_relax_frac``: the correction stays in ``[-max_relax_frac, max_tighten_frac]``
+      (anti-windup; the total headroom also stays below 0.95).
+    - ``decay_s``: with no usable observation the correction decays toward 0 with this time constant.
+    - ``max_step_s``: the longest gap between two ticks one update integrates over.
+    """
+
+    enabled: bool = True
+    attainment_goal: float = 0.99
+    gain_per_s: float = 0.03
+    relax_gain_ratio: float = 0.1
+    min_samples: int = 20
+    max_tighten_frac: float = 0.6
+    max_relax_frac: float = 0.3
+    decay_s: float = 600.0
+    max_step_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _need(
+            0 < self.attainment_goal <= 1,
+            f"sla_feedback.attainment_goal must be in (0, 1], got {self.attainment_goal!r}",
+        )
+        _need(math.isfinite(self.gain_per_s) and self.gain_per_s >= 0, "sla_feedback.gain_per_s must be >= 0")
+        _need(0 <= self.relax_gain_ratio <= 1, "sla_feedback.relax_gain_ratio must be in [0, 1]")
+        _need(self.min_samples >= 1, "sla_feedback.min_samples must be >= 1")
+        _need(0 <= self.max_tighten_frac < 1, "sla_feedback.max_tighten_frac must be in [0, 1)")
+        _need(0 <= self.max_relax_frac < 1, "sla_feedback.max_relax_frac must be in [0, 1)")
+        _need(math.isfinite(self.decay_s) and self.decay_s > 0, "sla_feedback.decay_s must be > 0")
+        _need(math.isfinite(self.max_step_s) and self.max_step_s > 0, "sla_feedback.max_step_s must be > 0")
+
+
 class RoleBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Replica bounds of one role (what ``/v1/bounds`` reads and replaces)."""
 
@@ -233,6 +275,7 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     sla: SlaTargets = msgspec.field(default_factory=SlaTargets)
     threshold: ThresholdConfig = msgspec.field(default_factory=ThresholdConfig)
     forecast: ForecastConfig = msgspec.field(default_factory=ForecastConfig)
+    sla_feedback: SlaFeedbackConfig = msgspec.field(default_factory=SlaFeedbackConfig)
     scale_up: ScaleRules = msgspec.field(default_factory=_default_scale_up)
     scale_down: ScaleRules = msgspec.field(default_factory=_default_scale_down)
     # A target the pods have not reached after this long is reported as target_not_reached.

@@ -48,6 +48,7 @@ class Stage(enum.StrEnum):
     """The pipeline stages, in the order they run."""
 
     RECOMMEND = "recommend"  # replicas the load needs (SLA or threshold mode)
+    SLA_FEEDBACK = "sla_feedback"  # SLA mode: recommend again with the headroom the observed attainment corrected
     FORECAST = "forecast"  # predictive floor from the forecast request rate
     BOUNDS = "bounds"  # min/max replicas
     RATE_LIMIT = "rate_limit"  # HPA-style scale-up / scale-down policies per period
@@ -74,6 +75,13 @@ class Reason(enum.StrEnum):
     SILENT_COUNTED_IDLE = "silent_counted_idle"
     LOAD_OVERRIDDEN = "load_overridden"
     LOAD_INVALID = "load_invalid"
+    # sla feedback
+    SLA_FEEDBACK_TIGHTENED = "sla_feedback_tightened"
+    SLA_FEEDBACK_RELAXED = "sla_feedback_relaxed"
+    SLA_FEEDBACK_CLAMPED = "sla_feedback_clamped"
+    SLA_FEEDBACK_FROZEN = "sla_feedback_frozen"
+    SLA_FEEDBACK_DECAYED = "sla_feedback_decayed"
+    SLA_FEEDBACK_HELD = "sla_feedback_held"
     # forecast
     FORECAST_FLOOR = "forecast_floor"
     FORECAST_BELOW_LOAD = "forecast_below_load"

@@ -136,6 +136,7 @@ _MIN_STEP_MS = 1e-6  # a step predicted at 0 ms (a degenerate fit) is read as th
 # The consolidation walk above the bisection's answer (the model is monotone almost everywhere): at most this
 # many single steps, then the bisection's own answer, which always meets the targets, stands.
 _WALK_STEPS = 32
+_MAX_HEADROOM = 0.95  # configured headroom plus the closed loop's correction never leaves less than 5 % of a target
 
 
 def predict_agg_latency(
@@ -321,6 +322,8 @@ def recommend_sla(
     search_max: int,
     itl_headroom_frac: float | None = None,
     default_max_num_batched_tokens: int = 8192,
+    ttft_correction_frac: float = 0.0,
+    itl_correction_frac: float = 0.0,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -346,8 +349,13 @@ def recommend_sla(
         return Recommendation(replicas=0, reason=Reason.NO_LOAD, mode=Mode.SLA, detail="no load and no traffic")
     check_ttft = role in (Role.PREFILL, Role.AGG)
     check_itl = role in (Role.DECODE, Role.AGG)
-    ttft_limit = sla.ttft_ms * (1.0 - headroom_frac)
-    itl_limit = sla.itl_ms * (1.0 - (headroom_frac if itl_headroom_frac is None else itl_headroom_frac))
+    # The closed loop's corrections (planner.core.feedback) add to the configured headroom; the total stays < 0.95.
+    ttft_headroom = min(headroom_frac + ttft_correction_frac, _MAX_HEADROOM)
+    itl_headroom = min(
+        (headroom_frac if itl_headroom_frac is None else itl_headroom_frac) + itl_correction_frac, _MAX_HEADROOM
+    )
+    ttft_limit = sla.ttft_ms * (1.0 - ttft_headroom)
+    itl_limit = sla.itl_ms * (1.0 - itl_headroom)
     kv_per_request = load.decode_kv_tokens / load.decode_requests if load.decode_requests > 0 else isl
     # Prefill throughput of one engine (tokens/s) from the time of one full chunk.
     chunk_ms = predictor.predict_ttft_ms(float(mnbt), 0.0, mnbt).value_ms if rate else 0.0

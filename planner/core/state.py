@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from planner.core.feedback import FeedbackState
 from planner.core.forecast import ForecastState
 
 __all__ = ["CoreState", "ServiceState"]
@@ -28,6 +29,8 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     # Since when the deployment has had an action in flight (None: settled).
     in_flight_since: float | None = None
     forecast: ForecastState = msgspec.field(default_factory=ForecastState)
+    # SLA mode's closed loop: the headroom corrections from the observed attainment.
+    feedback: FeedbackState = msgspec.field(default_factory=FeedbackState)
 
 
 class CoreState(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,6 +24,7 @@ from planner.core.decision import (
     Stage,
     StageResult,
 )
+from planner.core.feedback import update_feedback
 from planner.core.forecast import ForecastState, forecast_rate, update_forecast
 from planner.core.observation import Observation, ObservationError, RoleLoad, Traffic
 from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
@@ -75,6 +76,7 @@ class _Draft(msgspec.Struct, kw_only=True):
     load: RoleLoad
     traffic: Traffic | None
     rec: Recommendation
+    wanted: int  # recommend, feedback and forecast floor: what the load asks before any clamp
     forecast_rate_per_s: float | None
     stages: list[StageResult]
     reasons: list[Reason]
@@ -103,6 +105,7 @@ def _recommend(
     load: RoleLoad,
     traffic: Traffic | None,
     predictor: PerfPredictor | None,
+    corrections: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -119,6 +122,8 @@ def _recommend(
             search_max,
             itl_headroom_frac=rc.itl_headroom_frac,
             default_max_num_batched_tokens=rc.default_max_num_batched_tokens,
+            ttft_correction_frac=corrections[0],
+            itl_correction_frac=corrections[1],
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -175,6 +180,25 @@ def _draft(
         reasons.append(Reason.LOAD_OVERRIDDEN)
     value = rec.replicas
 
+    # sla feedback: the observed attainment corrects the headroom; recommend again with it (SLA mode only)
+    feedback = update_feedback(
+        sstate.feedback,
+        traffic,
+        now,
+        rc.sla_feedback,
+        in_flight=deployment is not None and deployment.in_flight,
+    )
+    if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
+        corrections = (feedback.state.ttft_frac, feedback.state.itl_frac)
+        if corrections != (0.0, 0.0):
+            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections)[0].replicas
+        value = _stage(
+            stages,
+            reasons,
+            Stage.SLA_FEEDBACK,
+            Clamped(replicas=value, reason=feedback.reason, detail=f"{feedback.detail} -> {value} replicas"),
+        )
+
     # forecast floor
     fstate: ForecastState = sstate.forecast
     predicted_rate: float | None = None
@@ -185,8 +209,8 @@ def _draft(
             fstate = update_forecast(fstate, rate, now, fc)
             predicted_rate = forecast_rate(fstate, fc)
         capacity = fc.replica_capacity_rps
-        if capacity is None and rate is not None and rate > 0 and rec.replicas > 0:
-            capacity = rate / rec.replicas
+        if capacity is None and rate is not None and rate > 0 and value > 0:
+            capacity = rate / value
         if capacity is not None and not math.isfinite(capacity):
             capacity = None
         if predicted_rate is None or (capacity is None and predicted_rate > 0):
@@ -221,6 +245,7 @@ def _draft(
                     Clamped(replicas=value, reason=Reason.FORECAST_BELOW_LOAD, detail=detail),
                 )
 
+    wanted = value
     # bounds
     value = _stage(
         stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds)
@@ -287,6 +312,7 @@ def _draft(
         coverage_complete_since=since,
         in_flight_since=in_flight_since,
         forecast=fstate,
+        feedback=feedback.state,
     )
     return _Draft(
         role=role,
@@ -298,6 +324,7 @@ def _draft(
         load=load,
         traffic=traffic,
         rec=rec,
+        wanted=wanted,
         forecast_rate_per_s=predicted_rate,
         stages=stages,
         reasons=reasons,
@@ -428,6 +455,9 @@ def step(
             action, outcome = Action.HOLD, Reason.HOLD
         d.reasons.append(outcome)
         sstate = d.state
+        capped = final < d.wanted
+        if capped != sstate.feedback.capped:
+            sstate = msgspec.structs.replace(sstate, feedback=msgspec.structs.replace(sstate.feedback, capped=capped))
         if final != d.current:
             sstate = msgspec.structs.replace(sstate, pending_scale=(now, d.current, final))
         services[d.service] = sstate

@@ -1,0 +1,122 @@
+"""SLA mode's closed loop: the observed attainment corrects the model's headroom (issue 13, item 3b).
+
+The perf model predicts latency; what users felt comes back as ``Traffic.ttft_attainment_frac`` and
+``itl_attainment_frac`` (the share of the window's requests within each target, with how many requests they rest
+on). A bounded integral correction per target turns the gap to the goal into headroom::
+
+    correction += gain_per_s x (goal - attainment) x dt        (dt capped at max_step_s; relaxing at
+                                                              relax_gain_ratio of the gain)
+
+added to the configured headroom, so the TTFT / ITL limit recommend checks is ``target x (1 - headroom -
+correction)``: a shortfall tightens the limit (more replicas), an attainment above the goal slowly relaxes it
+(fewer). Anti-windup: the correction stays in ``[-max_relax_frac, max_tighten_frac]``, and it does not tighten
+while the capacity it would ask for cannot come (an action in flight, or the last decision capped below its
+recommendation): a window still full of misses from before the capacity arrived must not wind it up. With no
+usable observation (unknown, or fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
+
+Pure: ``now`` is an argument; the state is :class:`FeedbackState`, kept in the service's
+:class:`planner.core.state.ServiceState`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from planner.core.config import SlaFeedbackConfig
+from planner.core.decision import Reason
+from planner.core.observation import Traffic
+
+__all__ = ["FeedbackState", "FeedbackUpdate", "update_feedback"]
+
+
+class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
+    """The corrections (fractions of each target added to the headroom; negative relaxes) and when they moved."""
+
+    ttft_frac: float = 0.0
+    itl_frac: float = 0.0
+    last_at: float | None = None
+    capped: bool = False  # the last decision ended below its recommendation (budget, bounds, rate limit)
+
+
+class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
+    state: FeedbackState
+    reason: Reason | None  # None: no correction in force and none moved
+    detail: str
+
+
+def _one(
+    current: float,
+    attainment: float | None,
+    samples: int | None,
+    dt: float,
+    cfg: SlaFeedbackConfig,
+    frozen: bool,
+) -> tuple[float, str]:
+    """One target's new correction and what moved it: ``tighten`` / ``relax`` / ``clamped`` / ``frozen`` /
+    ``decay`` / ``""`` (unchanged at 0)."""
+    usable = attainment is not None and samples is not None and samples >= cfg.min_samples
+    if not usable:
+        if current == 0.0:
+            return 0.0, ""
+        decayed = current * math.exp(-dt / cfg.decay_s)
+        return (0.0 if abs(decayed) < 1e-4 else decayed), "decay"
+    assert attainment is not None
+    error = cfg.attainment_goal - attainment
+    if error > 0 and frozen:
+        return current, "frozen"
+    gain = cfg.gain_per_s * (1.0 if error > 0 else cfg.relax_gain_ratio)
+    raw = current + gain * error * dt
+    bounded = min(max(raw, -cfg.max_relax_frac), cfg.max_tighten_frac)
+    if bounded != raw:
+        return bounded, "clamped"
+    if raw > current:
+        return raw, "tighten"
+    if raw < current:
+        return raw, "relax"
+    return raw, ""
+
+
+_REASONS = {
+    "tighten": Reason.SLA_FEEDBACK_TIGHTENED,
+    "relax": Reason.SLA_FEEDBACK_RELAXED,
+    "clamped": Reason.SLA_FEEDBACK_CLAMPED,
+    "frozen": Reason.SLA_FEEDBACK_FROZEN,
+    "decay": Reason.SLA_FEEDBACK_DECAYED,
+}
+_PRIORITY = ("clamped", "frozen", "tighten", "relax", "decay")
+
+
+def update_feedback(
+    state: FeedbackState,
+    traffic: Traffic | None,
+    now: float,
+    cfg: SlaFeedbackConfig,
+    *,
+    in_flight: bool,
+) -> FeedbackUpdate:
+    """Fold this tick's observed attainment into the corrections (see the module docstring)."""
+    if not cfg.enabled:
+        return FeedbackUpdate(state=FeedbackState(last_at=now), reason=None, detail="")
+    dt = 0.0 if state.last_at is None else min(max(now - state.last_at, 0.0), cfg.max_step_s)
+    frozen = in_flight or state.capped
+    t = traffic or Traffic()
+    ttft, ttft_how = _one(state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen)
+    itl, itl_how = _one(state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen)
+    new = FeedbackState(ttft_frac=ttft, itl_frac=itl, last_at=now, capped=state.capped)
+    hows = {ttft_how, itl_how} - {""}
+    if not hows and ttft == 0.0 and itl == 0.0:
+        return FeedbackUpdate(state=new, reason=None, detail="")
+    how = next((h for h in _PRIORITY if h in hows), "")
+    parts = []
+    for name, value, attained, samples, moved in (
+        ("TTFT", ttft, t.ttft_attainment_frac, t.ttft_samples_in_window, ttft_how),
+        ("ITL", itl, t.itl_attainment_frac, t.itl_samples_in_window, itl_how),
+    ):
+        seen = f"{attained:.2%} of {samples}" if attained is not None and samples is not None else "no observation"
+        parts.append(f"{name} headroom {value:+.3f} ({moved or 'held'}; observed {seen})")
+    detail = f"goal {cfg.attainment_goal:.0%}: " + ", ".join(parts)
+    if frozen and "frozen" in hows:
+        detail += "; not tightening while capacity cannot come (in flight or capped)"
+    return FeedbackUpdate(state=new, reason=_REASONS.get(how, Reason.SLA_FEEDBACK_HELD), detail=detail)
