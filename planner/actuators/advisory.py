@@ -4,7 +4,9 @@
 keeps it in :attr:`AdvisoryActuator.history`. Status comes from an optional read-only ``reader`` (e.g. a
 :class:`planner.actuators.kubernetes.KubernetesActuator`, of which only ``status()`` is ever called); without
 one, every service reports the fixed count it was given, because nothing here changes the world.
-The hard bound still applies: an out-of-bound request is recorded as ``OUT_OF_BOUNDS``, like any actuator.
+The hard bound still applies: an out-of-bound request is recorded as ``OUT_OF_BOUNDS``, like any actuator, and
+so does the expectation: a request whose ``expected_replicas`` is not the current count (or cannot be compared
+with it) is recorded as ``CURRENT_MISMATCH``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from planner.actuators.base import (
     ServiceStatus,
     UnknownServiceError,
     check_bounds,
+    check_expected,
 )
 
 __all__ = ["AdvisoryActuator"]
@@ -69,7 +72,18 @@ class AdvisoryActuator:
                 previous = self.status()[request.service].desired
             except (ActuatorError, KeyError) as exc:
                 previous, note = None, f" (current count unreadable: {exc})"
-            outcome = ScaleOutcome(
+            mismatch = None if previous is None else check_expected(request, previous, where)
+            if previous is None and request.expected_replicas is not None:
+                mismatch = ScaleOutcome(
+                    service=request.service,
+                    requested=request.replicas,
+                    applied=False,
+                    kind=OutcomeKind.CURRENT_MISMATCH,
+                    message=f"refused: the current count of {request.service!r} cannot be compared with the "
+                    f"expected {request.expected_replicas}{note}; nothing written",
+                    target=where,
+                )
+            outcome = mismatch or ScaleOutcome(
                 service=request.service,
                 requested=request.replicas,
                 applied=False,

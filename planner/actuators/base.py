@@ -14,6 +14,11 @@ Contract
 * ``scale(request)`` always returns a :class:`ScaleOutcome`: every scale request ends recorded, with the
   attempts it took (``attempt_log``) and a :class:`OutcomeKind`. It does not raise for API failures; it raises
   only for programming errors (a service it does not manage: :class:`UnknownServiceError`).
+* ``request.expected_replicas``, when set, is the count the request expects to replace (what the planner last
+  read). Every actuator reads the target's current count before writing and refuses a mismatch
+  (``OutcomeKind.CURRENT_MISMATCH``, ``applied=False``, nothing written): the planner never overwrites a count
+  it has not seen. The Kubernetes actuator also writes with the read ``resourceVersion`` as a precondition, so a
+  change between its read and its write is a 409, re-read and compared again.
 * Every actuator holds a hard sanity bound per service (:class:`ReplicaBounds`) and never writes a count
   outside it: such a request comes back ``OutcomeKind.OUT_OF_BOUNDS`` with ``applied=False``, nothing written.
   The decision core clamps first; this bound is the last line of defence, not a clamp.
@@ -64,6 +69,7 @@ __all__ = [
     "TransientActuatorError",
     "UnknownServiceError",
     "check_bounds",
+    "check_expected",
 ]
 
 
@@ -153,11 +159,14 @@ class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """Set ``service`` to ``replicas``. ``reason`` is free text for the record (the decision's top reason)."""
+    """Set ``service`` to ``replicas``. ``reason`` is free text for the record (the decision's top reason).
+    ``expected_replicas``: the count this request expects to replace; the actuator refuses to write when the
+    target holds another (None: no expectation, e.g. a manual request)."""
 
     service: str
     replicas: int
     reason: str = ""
+    expected_replicas: int | None = None
 
 
 class OutcomeKind(enum.StrEnum):
@@ -174,6 +183,8 @@ class OutcomeKind(enum.StrEnum):
     SERVER_ERROR = "server_error"
     TIMEOUT = "timeout"
     NOT_LEADER = "not_leader"  # reserved for the runner: a follower records what it would have done
+    CURRENT_MISMATCH = "current_mismatch"  # the target does not hold expected_replicas; nothing written
+    STATUS_UNKNOWN = "status_unknown"  # reserved for the runner: not sent, the deployment's count is unknown
 
 
 TRANSIENT_OUTCOMES: frozenset[OutcomeKind] = frozenset(
@@ -230,6 +241,25 @@ def check_bounds(request: ScaleRequest, bounds: ReplicaBounds, target: str = "")
             f"refused: {request.replicas} replicas is outside the hard bound "
             f"[{bounds.min_replicas}, {bounds.max_replicas}] for {request.service!r}; nothing written"
         ),
+        target=target,
+    )
+
+
+def check_expected(request: ScaleRequest, current: int, target: str = "") -> ScaleOutcome | None:
+    """The CURRENT_MISMATCH outcome when ``current`` is not the count ``request`` expects to replace; None when
+    it is (or the request states no expectation)."""
+    if request.expected_replicas is None or request.expected_replicas == current:
+        return None
+    return ScaleOutcome(
+        service=request.service,
+        requested=request.replicas,
+        applied=False,
+        kind=OutcomeKind.CURRENT_MISMATCH,
+        message=(
+            f"refused: {request.service!r} holds {current} replicas, not the {request.expected_replicas} this "
+            f"request expected to replace; nothing written (re-read and decide again)"
+        ),
+        previous=current,
         target=target,
     )
 

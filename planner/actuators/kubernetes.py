@@ -18,7 +18,10 @@ resourceVersion, and on a 409 read again and retry at once. A 429 waits for Retr
 and 422 end the request at once. A request makes at most ``max_attempts`` failed calls. Every attempt is in
 ``ScaleOutcome.attempt_log``.
 
-Requests outside a target's hard :class:`ReplicaBounds` are refused before any API call.
+Requests outside a target's hard :class:`ReplicaBounds` are refused before any API call. A request with
+``expected_replicas`` is compared with the count read in each attempt: a mismatch ends it
+``CURRENT_MISMATCH`` with nothing written (the write carries that read's resourceVersion, so a change after the
+read is a 409: read again, compare again).
 
 The client's own urllib3 retries must be off (see :func:`planner.k8s.client.make_api_client`).
 """
@@ -50,6 +53,7 @@ from planner.actuators.base import (
     TransientActuatorError,
     UnknownServiceError,
     check_bounds,
+    check_expected,
 )
 from planner.errors import ConfigError
 from planner.k8s.errors import CLIENT_ERRORS, http_status, map_api_error, outcome_kind
@@ -169,11 +173,12 @@ class _CallFailed(Exception):
 class _Stop(Exception):
     """Internal: end the request with this outcome."""
 
-    def __init__(self, kind: OutcomeKind, message: str, *, applied: bool = False) -> None:
+    def __init__(self, kind: OutcomeKind, message: str, *, applied: bool = False, previous: int | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.applied = applied
+        self.previous = previous
 
 
 class KubernetesActuator:
@@ -325,6 +330,8 @@ class KubernetesActuator:
             try:
                 previous, method = self._attempt(t, request)
             except _Stop as stop:
+                if stop.previous is not None:
+                    previous = stop.previous
                 return self._outcome(request, stop.kind, stop.message, log, previous, where, applied=stop.applied)
             except _CallFailed as failed:
                 err, method, status = failed.error, failed.method, failed.http_status
@@ -441,6 +448,7 @@ class KubernetesActuator:
             method, "get", resource, t.name, lambda: read(t.name, ns, _request_timeout=timeout)
         )
         current = scale.spec.replicas if scale.spec is not None and scale.spec.replicas is not None else 0
+        _compare(request, current, t.describe(ns))
         if current == request.replicas:
             raise _Stop(OutcomeKind.UNCHANGED, f"{t.describe(ns)} already at {current} replicas")
         rv = scale.metadata.resource_version if scale.metadata is not None else None
@@ -490,6 +498,7 @@ class KubernetesActuator:
             current = _int((scale.get("spec") or {}).get("replicas"))
         else:
             current = _int(services[t.service_key].get("replicas"))
+        _compare(request, current, t.describe(ns))
         if current == request.replicas:
             raise _Stop(OutcomeKind.UNCHANGED, f"{t.describe(ns)} already at {current} replicas")
         ready, state = dgd_readiness(dgd)
@@ -541,6 +550,12 @@ class KubernetesActuator:
             ),
         )
         return current, "dgd.patch"
+
+
+def _compare(request: ScaleRequest, current: int, where: str) -> None:
+    mismatch = check_expected(request, current, where)
+    if mismatch is not None:
+        raise _Stop(mismatch.kind, mismatch.message, previous=current)
 
 
 class _TargetOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

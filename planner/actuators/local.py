@@ -4,11 +4,24 @@ It is :class:`planner.sim.realtime.SimFleetActuator` (the simulator owns the fle
 under the actuators' naming so the service can build every actuator from one place. It implements
 :class:`planner.actuators.base.Actuator`: ``status()`` reports desired / ready / starting replicas per service
 (``{service_prefix}-{role}``), ``scale()`` sets a role's desired count (new replicas become ready after the
-fleet's start-up delay; removed ones drain) and refuses counts outside ``[0, max_replicas]``.
+fleet's start-up delay; removed ones drain) and refuses counts outside ``[0, max_replicas]``, and — under the
+fleet's lock, so nothing changes between the comparison and the write — a request whose ``expected_replicas``
+is not the role's desired count (``CURRENT_MISMATCH``).
 """
 
 from __future__ import annotations
 
-from planner.sim.realtime import SimFleetActuator as LocalActuator
+from planner.actuators.base import ScaleOutcome, ScaleRequest, check_expected
+from planner.sim.realtime import SimFleetActuator
 
 __all__ = ["LocalActuator"]
+
+
+class LocalActuator(SimFleetActuator):
+    def scale(self, request: ScaleRequest) -> ScaleOutcome:
+        role = self._role(request.service)
+        with self.replay.lock:  # re-entrant: the write below takes it again
+            mismatch = check_expected(request, self.replay.fleet.desired(role), f"sim/{request.service}")
+            if mismatch is not None:
+                return mismatch
+            return super().scale(request)

@@ -63,12 +63,14 @@ class Actuation:
         self.status: Mapping[str, ServiceStatus] | None = None
         self.status_error: str | None = None
         self._retry_not_before: dict[str, float] = {}  # service -> monotonic time a Retry-After allows again
+        self.last_known: dict[str, int] = {}  # service -> desired count at the last successful status read
 
     # -- status --------------------------------------------------------------------------------------------
 
     def status_read(self, status: Mapping[str, ServiceStatus]) -> Mapping[str, ServiceStatus]:
         self.status_error = None
         self.status = dict(status)
+        self.last_known.update({service: st.desired for service, st in self.status.items()})
         return self.status
 
     def status_failed(self, exc: ActuatorError) -> None:
@@ -92,6 +94,29 @@ class Actuation:
         if not configured:
             return Gate(kind=OutcomeKind.ADVISORY.value, message="no actuator configured: recorded only")
         return None
+
+    def expect(self, request: ScaleRequest) -> tuple[ScaleRequest, Gate | None]:
+        """``request`` carrying the count it expects to replace, or the outcome to record instead of sending it.
+
+        With this tick's status: the deployment's desired count. Without (the read failed): the count of the
+        last successful read, and a request below it is not sent — a fleet the planner cannot see is never
+        lowered; with no count ever read nothing is sent."""
+        service = request.service
+        if self.status is not None:
+            current = self.status.get(service)
+            expected = None if current is None else current.desired
+            return msgspec.structs.replace(request, expected_replicas=expected), None
+        known = self.last_known.get(service)
+        if known is None:
+            message = f"not sent: the status of {service!r} cannot be read and was never read; nothing written"
+            return request, Gate(kind=OutcomeKind.STATUS_UNKNOWN.value, message=message)
+        if request.replicas < known:
+            message = (
+                f"not sent: the status of {service!r} cannot be read; {request.replicas} is below its last known "
+                f"count {known} and a fleet the planner cannot see is never lowered"
+            )
+            return request, Gate(kind=OutcomeKind.STATUS_UNKNOWN.value, message=message)
+        return msgspec.structs.replace(request, expected_replicas=known), None
 
     def record(
         self,
