@@ -40,30 +40,51 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0, what: str
 
 
 class NatsServer:
-    """``nats-server -c <config>``; :meth:`stop` and :meth:`start` again on the same port restart it."""
+    """``nats-server -c <config>`` on a free port; :meth:`stop` and :meth:`start` again on the same port restart it.
 
-    def __init__(self, config_text: str, workdir: Path, port: int) -> None:
-        self.port = port
-        self.url = f"nats://127.0.0.1:{port}"
+    ``config_for_port`` renders the configuration for a port. A free port can be taken by another process before
+    the server binds it (the machine is shared): the first start then retries on another port; a restart retries
+    the same port for a while."""
+
+    def __init__(self, config_for_port: Callable[[int], str], workdir: Path) -> None:
+        self._config_for_port = config_for_port
         self.config = workdir / "nats-server.conf"
-        self.config.write_text(config_text)
         self.log = workdir / "nats-server.log"
+        self.port = 0
+        self.url = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> NatsServer:
+        first = self.port == 0
+        deadline = time.monotonic() + 30
+        while True:
+            if first:
+                self.port = free_port()
+                self.url = f"nats://127.0.0.1:{self.port}"
+                self.config.write_text(self._config_for_port(self.port))
+            if self._try_start():
+                return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def _try_start(self) -> bool:
         log = self.log.open("ab")
-        self._proc = subprocess.Popen([nats_server_binary(), "-c", str(self.config)], stdout=log, stderr=log)
+        proc = subprocess.Popen([nats_server_binary(), "-c", str(self.config)], stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + 15
         while True:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited ({self._proc.returncode}): {self.log.read_text()[-2000:]}")
+            if proc.poll() is not None:  # e.g. the port was taken meanwhile
+                return False
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
+                    self._proc = proc
+                    return True
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"nats-server did not listen on {self.port}") from None
+                    proc.kill()
+                    proc.wait(5)
+                    return False
                 time.sleep(0.02)
 
     def stop(self) -> None:

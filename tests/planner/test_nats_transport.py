@@ -59,9 +59,10 @@ def record(worker_id: str, ports: list[int]) -> WorkerRecord:
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    port = free_port()
-    config = render_server_config(port=port, namespace=NS, workers=WORKERS, consumers=dict([CONSUMER]))
-    with NatsServer(config, tmp_path, port) as srv:
+    def config(port: int) -> str:
+        return render_server_config(port=port, namespace=NS, workers=WORKERS, consumers=dict([CONSUMER]))
+
+    with NatsServer(config, tmp_path) as srv:
         yield srv
 
 

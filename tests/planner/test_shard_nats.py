@@ -27,15 +27,16 @@ SHARDS = {"s0": "p0", "s1": "p1", "s2": "p2"}
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    port = free_port()
-    config = render_server_config(
-        port=port,
-        namespace=NS,
-        workers={w: f"secret-{w}" for w in WORKERS},
-        consumers={**SHARDS, "leader": "pl"},
-        consumer_publish=[f"fpm-shard.{NS}.>"],
-    )
-    with NatsServer(config, tmp_path, port) as srv:
+    def config(port: int) -> str:
+        return render_server_config(
+            port=port,
+            namespace=NS,
+            workers={w: f"secret-{w}" for w in WORKERS},
+            consumers={**SHARDS, "leader": "pl"},
+            consumer_publish=[f"fpm-shard.{NS}.>"],
+        )
+
+    with NatsServer(config, tmp_path) as srv:
         yield srv
 
 
