@@ -13,8 +13,9 @@ thread a decision tick every ``--tick-interval-s``: snapshot under the subscribe
 :func:`planner.core.step` over every discovered worker (as the service's runner does). Figures:
 
 - ``samples_per_s_held``: samples stored during the T paced seconds / T.
-- ``lost``: samples sent that were never stored (counted after a short drain); ``gaps``/``lost_samples``: what the
-  store saw as counter gaps (a PUB socket drops at its high-water mark when the subscriber falls behind).
+- ``lost``: samples sent that were not stored by the end of the drain (every sample stored, or 3 s without a
+  message); ``gaps``/``lost_samples``: what the store saw as counter gaps (a PUB socket drops at its high-water
+  mark when the subscriber falls behind; a loss at the very end of a run has no later sample to show it).
 - ``ingest_thread_cpu_share``: the receive thread's CPU time / T (``/proc/self/task/<tid>/stat``), 1.0 = a core.
 - ``rss_mb`` and ``rss_per_endpoint_kb``: the subscriber process's resident memory at the end, and its growth
   from before the endpoints were connected, per endpoint.
@@ -252,9 +253,10 @@ def measure_paced(
     stored_in_span = stored_now() - stored0
     cpu_in_span = _thread_cpu_s(native_id) - cpu0
     reports = [pipe.recv() for pipe in pipes]
-    # Drain what is still queued, then account for every sample.
+    # Drain what is still queued (until every sample is stored, or nothing arrived for 3 s), then account.
+    sent = sum(r["sent"] for r in reports)
     last, quiet_since = -1, time.monotonic()
-    while time.monotonic() - quiet_since < 1.0:
+    while time.monotonic() - quiet_since < 3.0 and stored_now() - stored0 < sent:
         time.sleep(0.2)
         got = sub.received
         if got != last:
@@ -269,7 +271,6 @@ def measure_paced(
     for proc in children:
         proc.join(10)
     sub.close()
-    sent = sum(r["sent"] for r in reports)
     pub_elapsed = max(r["elapsed_s"] for r in reports)
     return {
         "bench": "ingest",
