@@ -16,7 +16,9 @@ thread a decision tick every ``--tick-interval-s``: snapshot under the subscribe
 - ``lost``: samples sent that were not stored by the end of the drain (every sample stored, or 3 s without a
   message); ``gaps``/``lost_samples``: what the store saw as counter gaps (a PUB socket drops at its high-water
   mark when the subscriber falls behind; a loss at the very end of a run has no later sample to show it).
-- ``ingest_thread_cpu_share``: the receive thread's CPU time / T (``/proc/self/task/<tid>/stat``), 1.0 = a core.
+- ``ingest_thread_cpu_share``: the receive thread's CPU time / T (``/proc/self/task/<tid>/stat``), 1.0 = a core;
+  ``ingest_cpu_us_per_sample``: that CPU time per sample stored (what a busy, shared machine inflates least;
+  at 10 ms scheduler ticks, coarse for short or light runs).
 - ``rss_mb`` and ``rss_per_endpoint_kb``: the subscriber process's resident memory at the end, and its growth
   from before the endpoints were connected, per endpoint.
 - ``tick_ms_p50/p99``: wall time of one tick (snapshot + step) while ingest runs (nearest rank; with few ticks the
@@ -294,6 +296,7 @@ def measure_paced(
         "lost_samples": sum(v.lost_samples for v in views),
         "drops_by_reason": drops,
         "ingest_thread_cpu_share": round(cpu_in_span / held_span, 3),
+        "ingest_cpu_us_per_sample": round(cpu_in_span * 1e6 / stored_in_span, 2) if stored_in_span else None,
         "rss_mb": round(rss, 1),
         "rss_per_endpoint_kb": round((rss - rss_before) * 1024 / endpoints, 1),
         "ticks": len(tick_ms),
