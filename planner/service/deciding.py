@@ -30,6 +30,7 @@ from planner.core import (
 from planner.discovery import Role, WorkerRecord
 from planner.errors import ConfigError
 from planner.ingest.store import FleetSnapshot
+from planner.ingest.traffic import TrafficWindows, role_traffic
 from planner.service.history import DecisionEntry, History
 from planner.service.metrics import PlannerMetrics
 from planner.service.schemas import BoundsResponse, RoleBoundsView
@@ -54,6 +55,10 @@ class Decider:
         self.last_observation: Observation | None = None
         self.last_decisions: dict[str, Decision] = {}
         self.traffic: dict[Role, Traffic] = {}  # set by whoever knows it (the demo's router); none by default
+        # Traffic from FPM (issue 13): the runner sets ``store.traffic`` to these windows; each observation takes
+        # its roles' traffic from them (what ``self.traffic`` gives explicitly overrides a role).
+        self.fpm_traffic = TrafficWindows(window_s=30.0)
+        self.last_fpm_traffic: dict[str, Traffic] = {}  # by service, as the last observation read it
 
     def observe(
         self,
@@ -75,7 +80,11 @@ class Decider:
                 for name, st in status.items()
             }
         )
-        return Observation(workers=dict(workers), fleet=snapshot, deployments=deployments, traffic=dict(self.traffic))
+        services = {record.role: record.service for record in workers.values()}
+        from_fpm = role_traffic(self.fpm_traffic, services, snapshot.now, self.core_config)
+        self.last_fpm_traffic = {services[role]: t for role, t in from_fpm.items()}
+        traffic = {**from_fpm, **self.traffic}
+        return Observation(workers=dict(workers), fleet=snapshot, deployments=deployments, traffic=traffic)
 
     def decide(
         self, observation: Observation, now: float, predictors: Mapping[Role, PerfPredictor] | None
@@ -130,6 +139,8 @@ class Decider:
                 ttft_ms=decision.inputs.predicted_ttft_ms,
                 itl_ms=decision.inputs.predicted_itl_ms,
             )
+        for service, observed in self.last_fpm_traffic.items():
+            metrics.observe_traffic(service, observed)
         history.set_latest(entries)
         planned = []
         for entry in entries:

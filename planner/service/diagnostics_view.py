@@ -15,6 +15,7 @@ import msgspec
 
 from planner.discovery import Role
 from planner.ingest.subscriber import FpmSubscriber
+from planner.ingest.traffic import traffic_to_builtins
 from planner.service.actuation import Actuation
 from planner.service.deciding import Decider
 from planner.service.history import DecisionEntry, History
@@ -134,6 +135,10 @@ class DiagnosticsView:
             "actuator": self.actuation.brief(self.actuator_configured),
             "latest_decisions": [_entry_brief(e) for e in self.history.latest()],
             "perf_model": self.perf.brief(),
+            # What the FPM traffic extension showed per service at the last tick (issue 13; see planner.ingest.traffic)
+            "traffic": {
+                service: traffic_to_builtins(t) for service, t in sorted(self.decider.last_fpm_traffic.items())
+            },
         }
 
     def _classification(self, worker_id: str, ranks: list[dict[str, Any]], not_ready: set[str]) -> dict[str, Any]:

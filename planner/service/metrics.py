@@ -19,6 +19,12 @@ The names are a contract with the Grafana dashboard (deploy/): change them toget
 ``fpm_planner_leader``                                 gauge; 1 while this replica is the leader
 ``fpm_planner_last_successful_tick_timestamp_seconds`` gauge; Unix time of the last tick that completed
 ``fpm_planner_paused{service}``                        gauge; 1 while scaling is paused (``*``: all services)
+``fpm_planner_observed_request_rate_per_s{service}``   gauge; arrivals/s from the FPM traffic extension (window)
+``fpm_planner_observed_ttft_ms{service,quantile}``     gauge; observed TTFT, quantile 0.5 | 0.9 | 0.99 (FPM)
+``fpm_planner_observed_itl_ms{service,quantile}``      gauge; observed per-request mean ITL quantiles (FPM)
+``fpm_planner_observed_isl_tokens{service,quantile}``  gauge; prompt tokens of arrivals, quantiles (FPM)
+``fpm_planner_observed_osl_tokens{service,quantile}``  gauge; output tokens of completions, quantiles (FPM)
+``fpm_planner_observed_attainment_frac{service,target}`` gauge; share at or under the SLA (target ttft | itl)
 =====================================================  ======================================================
 """
 
@@ -30,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from planner.core.decision import Coverage
+from planner.core.observation import Traffic
 
 __all__ = ["CONTENT_TYPE_LATEST", "PlannerMetrics", "capped_at_max_with_predicted_miss"]
 
@@ -39,6 +46,9 @@ _SLA_SHORT = frozenset({"sla_needs_more", "sla_unreachable"})
 def capped_at_max_with_predicted_miss(reasons: tuple[str, ...], *, recommended: int, final: int) -> bool:
     """Held at ``max_replicas`` while the SLA recommendation wanted more: the SLA is predicted to be missed."""
     return "clamped_to_max" in reasons and recommended > final and not _SLA_SHORT.isdisjoint(reasons)
+
+
+_QUANTILE = {"p50": "0.5", "p90": "0.9", "p99": "0.99"}
 
 
 class PlannerMetrics:
@@ -107,6 +117,40 @@ class PlannerMetrics:
             registry=self.registry,
         )
         self.leader = Gauge("fpm_planner_leader", "1 while this replica is the leader", registry=self.registry)
+        # Observed from the FPM traffic extension over the traffic window (summary-style quantile label).
+        self.observed_request_rate = Gauge(
+            "fpm_planner_observed_request_rate_per_s", "Arrivals per second (FPM)", ["service"], registry=self.registry
+        )
+        self.observed_ttft_ms = Gauge(
+            "fpm_planner_observed_ttft_ms",
+            "Observed TTFT quantiles (FPM, ms)",
+            ["service", "quantile"],
+            registry=self.registry,
+        )
+        self.observed_itl_ms = Gauge(
+            "fpm_planner_observed_itl_ms",
+            "Observed per-request mean ITL quantiles (FPM, ms)",
+            ["service", "quantile"],
+            registry=self.registry,
+        )
+        self.observed_isl_tokens = Gauge(
+            "fpm_planner_observed_isl_tokens",
+            "Prompt length quantiles of arrivals (FPM)",
+            ["service", "quantile"],
+            registry=self.registry,
+        )
+        self.observed_osl_tokens = Gauge(
+            "fpm_planner_observed_osl_tokens",
+            "Output length quantiles of completions (FPM)",
+            ["service", "quantile"],
+            registry=self.registry,
+        )
+        self.observed_attainment = Gauge(
+            "fpm_planner_observed_attainment_frac",
+            "Fraction of requests at or under the SLA target (FPM; target ttft or itl)",
+            ["service", "target"],
+            registry=self.registry,
+        )
         self.last_successful_tick = Gauge(
             "fpm_planner_last_successful_tick_timestamp_seconds",
             "Unix time of the last tick that completed",
@@ -162,6 +206,25 @@ class PlannerMetrics:
             for classification, count in counts.items():
                 self.workers.labels(role=role, service=service, classification=classification).set(count)
             self.coverage_complete.labels(role=role, service=service).set(1 if coverage.complete else 0)
+
+    def observe_traffic(self, service: str, traffic: Traffic) -> None:
+        """What the FPM traffic extension shows for ``service`` over its window (issue 13); unknown figures
+        are left as they were."""
+        if traffic.request_rate_per_s is not None:
+            self.observed_request_rate.labels(service=service).set(traffic.request_rate_per_s)
+        for gauge, prefix in (
+            (self.observed_ttft_ms, "ttft_ms"),
+            (self.observed_itl_ms, "itl_ms"),
+            (self.observed_isl_tokens, "isl_tokens"),
+            (self.observed_osl_tokens, "osl_tokens"),
+        ):
+            for q in ("p50", "p90", "p99"):
+                value = getattr(traffic, f"{prefix}_{q}")
+                if value is not None:
+                    gauge.labels(service=service, quantile=_QUANTILE[q]).set(value)
+        for target, value in (("ttft", traffic.ttft_attainment_frac), ("itl", traffic.itl_attainment_frac)):
+            if value is not None:
+                self.observed_attainment.labels(service=service, target=target).set(value)
 
     def observe_outcome(self, outcome: str, service: str = "") -> None:
         self.actuator_outcomes.labels(service=service, outcome=str(outcome)).inc()
