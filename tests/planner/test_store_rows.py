@@ -209,3 +209,60 @@ def test_a_heartbeat_keeps_the_rank_fresh_and_zeroes_its_load() -> None:
     assert view.last_active is not None and view.last_active.counter_id == 0
     assert view.active_age_s == 8.0 and view.age_s == 4.0
     assert snap.totals.load["decode"][LoadField.DECODE_REQUESTS] == 0
+
+
+def test_rank_view_of_a_heard_rank_reads_every_column() -> None:
+    store = make_store()
+    store.ingest(E11, step("w1", 1, 3, num_decode_requests=4), 100.0, 100.0)
+    store.ingest(E11, step("w1", 1, 6, num_decode_requests=5), 101.0, 101.0)  # a gap of two
+    store.ingest(E11, fpm.heartbeat("w1", 1, 7), 102.0, 102.0)
+    view = store.rank_view("w1", 1, 104.0)
+    assert (view.worker_id, view.dp_rank, view.endpoint, view.fresh) == ("w1", 1, E11, True)
+    assert (view.age_s, view.active_age_s) == (2.0, 3.0)
+    assert view.latest is not None and view.latest.counter_id == 7 and view.latest.is_heartbeat
+    assert view.last_active is not None and view.last_active.scheduled_requests.num_decode_requests == 5
+    assert (view.samples, view.heartbeats, view.restarts, view.gaps, view.lost_samples) == (2, 1, 0, 1, 2)
+    assert store.rank_view("w1", 1, 102.0 + TTL_S + 0.5).fresh is False
+    assert store.snapshot(104.0).ranks[("w1", 1)] == view
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "dp_rank", "endpoint"),
+    [("w1", 0, E10), ("w1", 2, ""), ("nobody", 0, "")],
+    ids=["a discovered rank never heard from", "a rank past dp_size", "an unknown worker"],
+)
+def test_rank_view_of_a_rank_without_samples_is_empty(worker_id: str, dp_rank: int, endpoint: str) -> None:
+    store = make_store()
+    store.ingest(E11, step("w1", 1, 0), 100.0, 100.0)
+    view = store.rank_view(worker_id, dp_rank, 100.0)
+    assert (view.worker_id, view.dp_rank, view.endpoint, view.fresh) == (worker_id, dp_rank, endpoint, False)
+    assert (view.age_s, view.active_age_s, view.latest, view.last_active) == (None, None, None, None)
+    assert (view.samples, view.heartbeats, view.restarts, view.gaps, view.lost_samples) == (0, 0, 0, 0, 0)
+
+
+def test_endpoint_owner_and_the_endpoints_a_snapshot_saw() -> None:
+    store = make_store()
+    assert (store.endpoint_owner(E11), store.endpoint_owner(E30)) == (("w1", 1), ("w3", 0))
+    assert store.endpoint_owner("tcp://10.9.9.9:20380") is None
+    store.ingest(E20, step("", 0, 0), 1.0, 1.0)  # published, unattributable
+    store.ingest(E30, step("w3", 0, 0), 2.0, 2.0)
+    store.ingest("tcp://10.9.9.9:20380", step("w1", 0, 0), 2.0, 2.0)  # nobody's endpoint: not remembered
+    endpoints = store.snapshot(3.0).endpoints
+    assert len(endpoints) == 2 and list(endpoints) == [E20, E30]
+    assert E20 in endpoints and E30 in endpoints
+    assert E10 not in endpoints and "tcp://10.9.9.9:20380" not in endpoints and 20380 not in endpoints
+    assert (endpoints[E20].worker_id, endpoints[E20].last_at, endpoints[E20].messages) == ("", 1.0, 1)
+    with pytest.raises(KeyError):
+        endpoints[E10]
+
+
+def test_a_disconnect_before_any_message_or_on_an_unknown_endpoint_changes_nothing() -> None:
+    store = make_store()
+    store.note_disconnect(E10)  # never heard from: the first message is just the first
+    store.note_disconnect("tcp://10.9.9.9:20380")
+    assert store.ingest(E10, step("w1", 0, 500), 1.0, 1.0) is None
+    assert store.ingest(E10, step("w1", 0, 499), 2.0, 2.0) is DropReason.OUT_OF_ORDER  # no disconnect pending
+    store.note_disconnect(E10)
+    assert store.ingest(E10, step("w1", 0, 499), 3.0, 3.0) is None  # after one: a new run
+    view = store.rank_view("w1", 0, 3.0)
+    assert (view.restarts, view.samples) == (1, 2)
