@@ -80,7 +80,10 @@ class SummaryMerger:
         self._layout = FleetStore(ttl_s=ttl_s, window_size=1)  # never ingests: the slot table of the workers
         self._table = self._layout.snapshot(0.0).totals.table
         self._summaries: dict[str, ShardSummary] = {}
-        self._slots: dict[str, tuple[int, npt.NDArray[np.intp], npt.NDArray[np.intp]]] = {}
+        # shard -> (its workers and their dp sizes, as last mapped; leader slots; rank positions in its summary)
+        self._slots: dict[
+            str, tuple[tuple[tuple[str, ...], tuple[int, ...]], npt.NDArray[np.intp], npt.NDArray[np.intp]]
+        ] = {}
         self.rejected = 0  # summaries older than the shard's newest one
 
     def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
@@ -95,7 +98,6 @@ class SummaryMerger:
             self.rejected += 1
             return False
         self._summaries[summary.shard_id] = summary
-        self._slots.pop(summary.shard_id, None)
         return True
 
     def forget(self, shard_id: str) -> None:
@@ -109,8 +111,9 @@ class SummaryMerger:
 
     def _map(self, summary: ShardSummary) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
         """(leader slots, summary rank positions) of the summary's ranks that are discovered ranks here."""
+        key = (summary.workers, summary.dp_size)
         cached = self._slots.get(summary.shard_id)
-        if cached is not None and cached[0] == summary.seq:
+        if cached is not None and cached[0] == key:  # the same partition as last tick: the same mapping
             return cached[1], cached[2]
         table = self._table
         index = table.worker_index
@@ -126,7 +129,7 @@ class SummaryMerger:
                 where.append(np.arange(src_start, src_start + dp, dtype=np.intp))
             src_start += dp
         out = (np.concatenate(slots), np.concatenate(where)) if slots else (np.zeros(0, np.intp), np.zeros(0, np.intp))
-        self._slots[summary.shard_id] = (summary.seq, *out)
+        self._slots[summary.shard_id] = (key, *out)
         return out
 
     def snapshot(self, now: float) -> FleetSnapshot:
