@@ -58,8 +58,25 @@ def test_async_scheduler_is_a_scheduler_that_keeps_both_methods() -> None:
 def test_shim_overrides_match_vllm() -> None:
     for shim, base in ((InstrumentedScheduler, Scheduler), (InstrumentedAsyncScheduler, AsyncScheduler)):
         assert issubclass(shim, base)
-        for name in ("schedule", "update_from_output", "shutdown"):
+        for name in ("schedule", "update_from_output", "shutdown", "add_request", "_free_request"):
             assert _params(getattr(shim, name)) == _params(getattr(base, name)), f"{shim.__name__}.{name}"
+
+
+def test_what_the_traffic_extension_relies_on() -> None:
+    """Arrivals at ``add_request``, completions at ``_free_request`` (every finished request, called from
+    ``update_from_output`` and ``finish_requests``), TTFT from ``Request.arrival_time`` and the output count."""
+    assert _params(Scheduler.add_request) == [("self", "POSITIONAL_OR_KEYWORD"), ("request", "POSITIONAL_OR_KEYWORD")]
+    assert _params(Scheduler._free_request) == [
+        ("self", "POSITIONAL_OR_KEYWORD"),
+        ("request", "POSITIONAL_OR_KEYWORD"),
+        ("delay_free_blocks", "POSITIONAL_OR_KEYWORD"),
+    ]
+    for caller in (Scheduler.update_from_output, Scheduler.finish_requests):
+        assert "self._free_request(" in inspect.getsource(caller), caller.__name__
+    assert "self.arrival_time" in inspect.getsource(Request.__init__)
+    assert isinstance(inspect.getattr_static(Request, "num_output_tokens"), property)
+    assert {"FINISHED_ABORTED"} <= set(RequestStatus.__members__)
+    assert callable(Request.is_finished)
 
 
 def test_step_numbers_the_shim_reads() -> None:
