@@ -33,7 +33,7 @@ from planner.k8s.events import EventReason, EventType, ScaleStatus
 from planner.service.decision_log import DecisionLog
 from planner.service.history import OutcomeEntry
 from planner.service.metrics import PlannerMetrics, capped_at_max_with_predicted_miss
-from planner.service.state_store import AuditRecord, RuntimeState, StateStore
+from planner.service.state_store import AuditRecord, FileBackend, MemoryBackend, RuntimeState, StateStore
 
 __all__ = [
     "ALL_SERVICES",
@@ -44,6 +44,7 @@ __all__ = [
     "PauseInfo",
     "StateConfig",
     "StatusSink",
+    "build_store",
     "is_blind",
 ]
 
@@ -113,6 +114,30 @@ class StatusSink(Protocol):
     def event(self, service: str, type_: EventType, reason: EventReason, note: str, now_s: float) -> bool: ...
 
     def conditions(self, service: str, status: ScaleStatus, now_s: float) -> None: ...
+
+
+def build_store(
+    config: StateConfig, wall_clock: Callable[[], float], kubernetes: Mapping[str, Any] | None = None
+) -> StateStore:
+    """The store ``config`` names: a ConfigMap (needs the ``kubernetes`` section: namespace and client), a
+    file, or memory."""
+    if config.configmap:
+        if kubernetes is None:
+            raise ConfigError("operations.state.configmap needs a kubernetes section (namespace, client)")
+        from planner.k8s.client import KubeClientConfig, make_api_client
+        from planner.service.state_store import ConfigMapBackend
+
+        try:
+            client = msgspec.convert(dict(kubernetes.get("client") or {}), KubeClientConfig)
+            namespace = str(kubernetes["namespace"])
+        except (KeyError, msgspec.ValidationError, ValueError) as exc:
+            raise ConfigError(f"kubernetes: {exc}") from exc
+        backend: Any = ConfigMapBackend(make_api_client(client), namespace, config.configmap)
+    elif config.file:
+        backend = FileBackend(config.file)
+    else:
+        backend = MemoryBackend()
+    return StateStore(backend, wall_clock, audit_limit=config.audit_limit)
 
 
 def is_blind(d: Decision) -> bool:
