@@ -15,7 +15,10 @@ from planner.actuators.advisory import AdvisoryActuator
 from planner.actuators.base import OutcomeKind, ReplicaBounds, ScaleRequest
 from planner.actuators.kubernetes import KubernetesActuator, KubernetesActuatorConfig, ScaleTarget, TargetKind
 from planner.k8s.discovery import PodDiscovery, PodDiscoveryConfig
+from planner.k8s.events import EventReason, EventType, ScaleStatus
 from planner.k8s.leader import LeaderElectionConfig, LeaseElector
+from planner.k8s.status_sink import KubeStatusSink
+from planner.service.state_store import ConfigMapBackend, StateStore
 from tests.fakes.k8s_api import K8sApiEmulator
 from tests.k8s.k8s_support import NS, FakeSleep, adapter, deployment, example_dgd
 
@@ -113,6 +116,16 @@ def exercise_everything(api: k8s.ApiClient, targets: tuple[ScaleTarget, ...], *,
     assert elector.try_acquire_or_renew()  # create
     assert elector.try_acquire_or_renew()  # get + update
     assert elector.release()
+    store = StateStore(ConfigMapBackend(api, NS, "fpm-planner-state"), lambda: 0.0)
+    store.set("pause", "*", {"by": "alice"}, who="alice", action="pause")  # get (404) + create
+    store.set("pause", "*", None, who="alice", action="resume")  # get + update
+    if not advisory:  # Events (create, then a repeat patches its series) and conditions on every target kind
+        sink = KubeStatusSink(api, NS, {t.service: t for t in targets})
+        for t in targets:
+            for _ in range(2):
+                assert sink.event(t.service, EventType.NORMAL, EventReason.SUCCESSFUL_RESCALE, "New size: 3", 0.0)
+            sink.conditions(t.service, ScaleStatus(), 0.0)
+        assert sink.recorder.failures == 0 and sink.recorder.written == 2 * len(targets)
     return outcomes
 
 
@@ -126,8 +139,8 @@ def test_role_grants_exactly_what_the_planner_uses(cluster: K8sApiEmulator, api_
 
 def test_advisory_role_is_read_only_and_sufficient(cluster: K8sApiEmulator, api_client: k8s.ApiClient) -> None:
     rules = render_rules(dynamo=True, apps=True, advisory=True)
-    # No write anywhere but the Lease.
-    assert all(v in ("get", "list", "watch") or r == "leases" for v, _, r in granted(rules))
+    # No write anywhere but the Lease and the runtime state's ConfigMap.
+    assert all(v in ("get", "list", "watch") or r in ("leases", "configmaps") for v, _, r in granted(rules))
     cluster.rbac_rules = rules
     outcomes = exercise_everything(api_client, TARGETS, advisory=True)
     assert [o.kind for o in outcomes] == [OutcomeKind.ADVISORY] * 4
