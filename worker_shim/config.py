@@ -6,8 +6,13 @@ variable                   default     meaning
 ``FPM_WORKER_ID``          ``""``      registered worker id stamped on every sample; empty until a restored
                                        engine is synced with :func:`worker_shim.sync_worker_id`
 ``FPM_PORT_BASE``          ``20380``   rank ``r`` binds ``tcp://{FPM_BIND_HOST}:{FPM_PORT_BASE + r}``
-``FPM_BIND_HOST``          ``*``       interface the publisher binds (``*`` = all)
+``FPM_BIND_HOST``          ``*``       interface the publisher binds (``*`` = all; a pod IP, e.g. from the
+                                       downward API, keeps FPM off the pod's other interfaces)
 ``FPM_HEARTBEAT_INTERVAL_S``  ``1.0``  idle heartbeat period, seconds
+``FPM_CURVE_SECRET_KEY_FILE``  ``""``  CURVE: the publisher's secret-key certificate (a mounted Secret); set,
+                                       FPM is encrypted and only subscribers with its public key read it
+``FPM_CURVE_CLIENTS_DIR``  ``""``      CURVE: a directory of the public-key certificates of the only
+                                       subscribers let in (ZAP); empty: any holder of the server key
 =========================  ==========  ========================================================================
 """
 
@@ -19,10 +24,13 @@ from collections.abc import Mapping
 import msgspec
 
 from planner.errors import ConfigError
+from worker_shim.curve import CurveKeyError, CurveServerKeys
 from worker_shim.publisher import DEFAULT_PORT_BASE, bind_endpoint
 
 __all__ = [
     "ENV_BIND_HOST",
+    "ENV_CURVE_CLIENTS_DIR",
+    "ENV_CURVE_SECRET_KEY_FILE",
     "ENV_HEARTBEAT_INTERVAL_S",
     "ENV_PORT_BASE",
     "ENV_WORKER_ID",
@@ -33,6 +41,8 @@ ENV_WORKER_ID = "FPM_WORKER_ID"
 ENV_PORT_BASE = "FPM_PORT_BASE"
 ENV_BIND_HOST = "FPM_BIND_HOST"
 ENV_HEARTBEAT_INTERVAL_S = "FPM_HEARTBEAT_INTERVAL_S"
+ENV_CURVE_SECRET_KEY_FILE = "FPM_CURVE_SECRET_KEY_FILE"
+ENV_CURVE_CLIENTS_DIR = "FPM_CURVE_CLIENTS_DIR"
 
 
 class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +52,8 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
     port_base: int = DEFAULT_PORT_BASE
     bind_host: str = "*"
     heartbeat_interval_s: float = 1.0
+    curve_secret_key_file: str = ""
+    curve_clients_dir: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.port_base <= 65535:
@@ -52,6 +64,8 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{ENV_HEARTBEAT_INTERVAL_S} must be a number > 0, got {self.heartbeat_interval_s}")
         if self.worker_id != self.worker_id.strip():
             raise ConfigError(f"{ENV_WORKER_ID} must not start or end with whitespace, got {self.worker_id!r}")
+        if self.curve_clients_dir and not self.curve_secret_key_file:
+            raise ConfigError(f"{ENV_CURVE_CLIENTS_DIR} needs {ENV_CURVE_SECRET_KEY_FILE} (the publisher's own keys)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ShimConfig:
@@ -72,7 +86,19 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
             port_base=port_base,
             bind_host=env.get(ENV_BIND_HOST, "").strip() or "*",
             heartbeat_interval_s=interval_s,
+            curve_secret_key_file=env.get(ENV_CURVE_SECRET_KEY_FILE, "").strip(),
+            curve_clients_dir=env.get(ENV_CURVE_CLIENTS_DIR, "").strip(),
         )
+
+    def curve(self) -> CurveServerKeys | None:
+        """The publisher's CURVE keys, read from their files now; None when CURVE is off. Raises
+        :class:`~planner.errors.ConfigError` naming the variable whose file cannot be used."""
+        if not self.curve_secret_key_file:
+            return None
+        try:
+            return CurveServerKeys.from_files(self.curve_secret_key_file, self.curve_clients_dir or None)
+        except CurveKeyError as exc:
+            raise ConfigError(f"{ENV_CURVE_SECRET_KEY_FILE}/{ENV_CURVE_CLIENTS_DIR}: {exc}") from exc
 
     def endpoint(self, dp_rank: int) -> str:
         """The endpoint DP rank ``dp_rank`` binds."""
@@ -85,4 +111,6 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
             ENV_PORT_BASE: str(self.port_base),
             ENV_BIND_HOST: self.bind_host,
             ENV_HEARTBEAT_INTERVAL_S: repr(self.heartbeat_interval_s),
+            ENV_CURVE_SECRET_KEY_FILE: self.curve_secret_key_file,
+            ENV_CURVE_CLIENTS_DIR: self.curve_clients_dir,
         }

@@ -5,7 +5,8 @@ is dropped and counted. The thread assigns ``counter_id`` (one sequence for samp
 *current* worker id (so :meth:`FpmPublisher.set_worker_id` applies to step samples and heartbeats alike), and
 sends an idle heartbeat when nothing was sent for ``heartbeat_interval_s``. Every message of one publisher run
 carries its ``run_id``, a random u64 drawn at :meth:`FpmPublisher.start`: a subscriber tells a restart (new run id,
-counter from 0) from loss by it.
+counter from 0) from loss by it. With ``curve`` (:class:`~worker_shim.curve.CurveServerKeys`) the socket is a CURVE
+server: only subscribers that know its public key (and, with ``allowed_clients_dir``, hold an allowed key) read.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import time
 
 import msgspec
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from worker_shim import fpm
+from worker_shim.curve import CurveServerKeys
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests, StepTraffic
 
 __all__ = ["DEFAULT_PORT_BASE", "FpmPublisher", "PublisherStats", "bind_endpoint", "new_run_id"]
@@ -76,6 +79,7 @@ class FpmPublisher:
         sndhwm: int = 100_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
         run_id: int | None = None,
+        curve: CurveServerKeys | None = None,
     ) -> None:
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
@@ -92,7 +96,11 @@ class FpmPublisher:
         self._queue_size = queue_size
         self._pending = 0  # approximate queue depth; SimpleQueue has no bound of its own
         self._lock = threading.Lock()
-        self._ctx = context or zmq.Context.instance()
+        self._curve = curve
+        # A ZAP handler serves a whole context: the publisher gets one of its own for it unless given one.
+        self._own_ctx = context is None and curve is not None and curve.allowed_clients_dir is not None
+        self._ctx = context or (zmq.Context() if self._own_ctx else zmq.Context.instance())
+        self._auth: ThreadAuthenticator | None = None
         self._sndhwm = sndhwm
         self._socket: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -126,11 +134,16 @@ class FpmPublisher:
             return self
         self.run_id = self._fixed_run_id if self._fixed_run_id is not None else new_run_id()
         self._counter = 0
+        if self._curve is not None and self._curve.allowed_clients_dir is not None and self._auth is None:
+            self._auth = ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve(domain="*", location=self._curve.allowed_clients_dir)
         self._thread = threading.Thread(target=self._run, name=f"fpm-publisher-{self.dp_rank}", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
             self._thread = None
+            self._stop_auth()
             raise RuntimeError(f"FPM publisher cannot bind {self.endpoint}: {self._error}") from self._error
         return self
 
@@ -140,7 +153,17 @@ class FpmPublisher:
             return
         self._queue.put(None)
         self._thread.join(timeout_s)
+        stuck = self._thread.is_alive()
         self._thread = None
+        self._stop_auth(term=not stuck)
+
+    def _stop_auth(self, *, term: bool = True) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._own_ctx and term:  # never wait on a socket a stuck thread still holds
+            self._ctx.term()
+            self._ctx = zmq.Context()  # a later start() gets a fresh one
 
     def __enter__(self) -> FpmPublisher:
         return self.start()
@@ -193,11 +216,19 @@ class FpmPublisher:
     def _run(self) -> None:
         try:
             sock = self._ctx.socket(zmq.PUB)
+        except zmq.ZMQError as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        try:
             sock.setsockopt(zmq.SNDHWM, self._sndhwm)
             sock.setsockopt(zmq.LINGER, 500)
+            if self._curve is not None:
+                self._curve.apply(sock)
             sock.bind(self.endpoint)
             self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
+            sock.close(linger=0)
             self._error = exc
             self._ready.set()
             return

@@ -15,6 +15,9 @@ exponential backoff with jitter: when libzmq will not reconnect (a protocol erro
 message over ZMQ_MAXMSGSIZE: counted ``oversized``), and when an endpoint keeps dropping connections without
 delivering one decodable message (a non-ZMQ peer, a flapping proxy), so such an endpoint costs one attempt per
 backoff period instead of one every ``reconnect_ivl``. Every endpoint's counts are in :meth:`FpmSubscriber.links`.
+
+With ``curve`` (:class:`~worker_shim.curve.CurveClientKeys`) every socket is a CURVE client of the publishers'
+server key: encrypted, and only publishers holding that key complete a handshake.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from planner.discovery import WorkerRecord
 from planner.ingest.native import NATIVE_UNAVAILABLE, Drain, ReceivePath, drain_pyzmq, native_drain
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from worker_shim import fpm
+from worker_shim.curve import CurveClientKeys
 
 __all__ = ["FpmSubscriber", "LinkStats", "ReconnectPolicy"]
 
@@ -145,6 +149,7 @@ class FpmSubscriber:
         receive_path: ReceivePath = "auto",
         reconnect: ReconnectPolicy | None = None,
         seed: int | None = None,
+        curve: CurveClientKeys | None = None,
     ) -> None:
         self.store = store
         native = native_drain()
@@ -157,6 +162,7 @@ class FpmSubscriber:
         self.rcvhwm = rcvhwm
         self.clock = clock
         self.reconnect = reconnect or ReconnectPolicy()
+        self.curve = curve
         self._rng = random.Random(seed)
         self.lock = threading.Lock()
         self.loop_errors = 0
@@ -226,6 +232,8 @@ class FpmSubscriber:
         sock.setsockopt(zmq.RECONNECT_IVL, max(1, round(self.reconnect.base_s * 1000)))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, round(self.reconnect.max_s * 1000)))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if self.curve is not None:
+            self.curve.apply(sock)
         monitor = sock.get_monitor_socket(_EVENTS)
         try:
             sock.connect(link.endpoint)
