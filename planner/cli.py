@@ -22,6 +22,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "shim": ("worker_shim.bench", "worker shim overhead in a real vLLM CPU engine"),
     "replay": ("planner.sim.bench", "replay speed of a one-hour trace"),
     "service": ("planner.service.bench", "planner service: HTTP API and tick with a large registered fleet"),
+    "soak": ("planner.bench.soak", "planner service soak: publisher kills, cut connections, malformed messages"),
 }
 COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("planner.sim.replay_cli", "replay a request trace against the planner and baselines"),
