@@ -39,7 +39,7 @@ from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from worker_shim import fpm
 from worker_shim.curve import CurveClientKeys
 
-__all__ = ["FpmSubscriber", "LinkStats", "ReconnectPolicy"]
+__all__ = ["FpmSubscriber", "LinkStats", "LinkTotals", "ReconnectPolicy"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,21 @@ class LinkStats(msgspec.Struct, frozen=True, kw_only=True):
     protocol_errors: int  # drops libzmq would not recover from by itself (socket replaced)
     socket_replacements: int  # SUB sockets closed and reopened by the subscriber
     backoff_s: float  # the hold-off the endpoint is in now (0.0: none)
+
+
+class LinkTotals(msgspec.Struct, frozen=True, kw_only=True):
+    """Connection counters summed over every endpoint ever followed (cumulative: never lower than before), and
+    how many endpoints wait out a backoff now."""
+
+    disconnects: int = 0
+    reconnects: int = 0
+    connect_retries: int = 0
+    protocol_errors: int = 0
+    socket_replacements: int = 0
+    backing_off: int = 0
+
+
+_TOTALED = ("disconnects", "reconnects", "connect_retries", "protocol_errors", "replacements")
 
 
 class _Link:
@@ -178,6 +193,7 @@ class FpmSubscriber:
         self._link_of: dict[zmq.Socket[bytes], _Link] = {}  # open SUB sockets
         self._monitor_of: dict[zmq.Socket[bytes], _Link] = {}  # their monitors
         self._due: set[_Link] = set()  # links with a timer (link.due)
+        self._departed = dict.fromkeys(_TOTALED, 0)  # counts of endpoints no longer followed
         self._poller = zmq.Poller()
         self._pending_workers: Mapping[str, WorkerRecord] | None = None
         self._thread: threading.Thread | None = None
@@ -203,12 +219,29 @@ class FpmSubscriber:
 
     @property
     def reconnects(self) -> int:
-        """Connections re-established after a drop, all endpoints."""
-        return sum(link.reconnects for link in list(self._links.values()))
+        """Connections re-established after a drop, every endpoint ever followed."""
+        return self.link_totals().reconnects
 
     def links(self) -> dict[str, LinkStats]:
         """Every followed endpoint's connection counters (readable from any thread)."""
         return {endpoint: link.stats() for endpoint, link in list(self._links.items())}
+
+    def link_totals(self) -> LinkTotals:
+        """The connection counters of every endpoint ever followed, summed (readable from any thread)."""
+        sums = dict(self._departed)
+        backing_off = 0
+        for link in list(self._links.values()):
+            for name in _TOTALED:
+                sums[name] += getattr(link, name)
+            backing_off += link.backoff_s > 0
+        return LinkTotals(
+            disconnects=sums["disconnects"],
+            reconnects=sums["reconnects"],
+            connect_retries=sums["connect_retries"],
+            protocol_errors=sums["protocol_errors"],
+            socket_replacements=sums["replacements"],
+            backing_off=backing_off,
+        )
 
     def _apply_endpoints(self) -> None:
         with self.lock:
@@ -220,6 +253,8 @@ class FpmSubscriber:
             link = self._links.pop(endpoint)
             self._close_socket(link)
             self._due.discard(link)
+            for name in _TOTALED:
+                self._departed[name] += getattr(link, name)
         for endpoint in wanted - self._links.keys():
             link = _Link(endpoint)
             if self._open_socket(link):

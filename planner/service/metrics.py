@@ -8,6 +8,9 @@ The names are a contract with the Grafana dashboard (deploy/): change them toget
 ``fpm_planner_estimated_ttft_ms{role,service}``        gauge; the core's TTFT estimate at the final count
 ``fpm_planner_estimated_itl_ms{role,service}``         gauge; the core's ITL estimate at the final count
 ``fpm_planner_fpm_drops_total{reason}``                counter; FPM samples dropped by the store, by reason
+``fpm_planner_fpm_link_events_total{event}``           counter; FPM connection events, all endpoints: event =
+                                                       disconnect | reconnect | connect_retry | protocol_error
+``fpm_planner_fpm_endpoints_backing_off``              gauge; endpoints whose socket waits out a reconnect backoff
 ``fpm_planner_tick_duration_seconds``                  histogram; one decision tick, I/O included
 ``fpm_planner_actuator_outcomes_total{service,outcome}`` counter; scale attempts by outcome
 ``fpm_planner_workers{role,service,classification}``   gauge; discovered workers by coverage classification
@@ -31,12 +34,16 @@ The names are a contract with the Grafana dashboard (deploy/): change them toget
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from planner.core.decision import Coverage
 from planner.core.observation import Traffic
+
+if TYPE_CHECKING:
+    from planner.ingest.subscriber import LinkTotals
 
 __all__ = ["CONTENT_TYPE_LATEST", "PlannerMetrics", "capped_at_max_with_predicted_miss"]
 
@@ -160,6 +167,18 @@ class PlannerMetrics:
             "fpm_planner_paused", "1 while scaling is paused ('*': every service)", ["service"], registry=self.registry
         )
         self._drops_seen: dict[str, int] = {}
+        self.fpm_link_events = Counter(
+            "fpm_planner_fpm_link_events",
+            "FPM connection events over all endpoints (disconnect, reconnect, connect_retry, protocol_error)",
+            ["event"],
+            registry=self.registry,
+        )
+        self.fpm_endpoints_backing_off = Gauge(
+            "fpm_planner_fpm_endpoints_backing_off",
+            "FPM endpoints whose socket waits out a reconnect backoff",
+            registry=self.registry,
+        )
+        self._link_events_seen: dict[str, int] = {}
 
     def observe_drops(self, drops: Mapping[str, int]) -> None:
         """Advance the drop counters to the store's cumulative ``drops`` (reason -> count)."""
@@ -170,6 +189,21 @@ class PlannerMetrics:
             if total > seen:
                 counter.inc(total - seen)
             self._drops_seen[key] = max(seen, total)
+
+    def observe_links(self, totals: LinkTotals) -> None:
+        """Advance the connection-event counters to the subscriber's cumulative ``link_totals()``."""
+        for event, total in (
+            ("disconnect", totals.disconnects),
+            ("reconnect", totals.reconnects),
+            ("connect_retry", totals.connect_retries),
+            ("protocol_error", totals.protocol_errors),
+        ):
+            seen = self._link_events_seen.get(event, 0)
+            counter = self.fpm_link_events.labels(event=event)  # creates the series at 0 so it is always exported
+            if total > seen:
+                counter.inc(total - seen)
+            self._link_events_seen[event] = max(seen, total)
+        self.fpm_endpoints_backing_off.set(totals.backing_off)
 
     def observe_decision(
         self,
