@@ -282,6 +282,16 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     pending_timeout_s: float = 300.0
     # SLA mode: predictions must be at most (1 - headroom_frac) x target, on top of the model's upper band.
     headroom_frac: float = 0.0
+    # Seconds from a scale-up's decision to its replicas serving (cold start; a snapshot restore is shorter). The core
+    # uses the delay it measures from the deployment's desired -> ready transitions once it has seen one.
+    startup_s: float = 60.0
+    # When set, the scale-down stabilization window is this many start-ups (measured, else startup_s) instead of
+    # scale_down.stabilization_window_s: capacity released on a dip costs one start-up to buy back, so a faster
+    # start-up (snapshot restore) makes the planner leaner by itself.
+    scale_down_window_startups: float | None = None
+    # An in-flight scale-up's target may be raised (in_flight_target_raised) when the request rate grew by at least
+    # this fraction since it was decided, in proportion to that growth; None: never (no stacking at all).
+    in_flight_raise_rate_growth_frac: float | None = 0.2
     # SLA mode: the engines' prefill chunk (max_num_batched_tokens) when no engine of the role reports one (no
     # worker discovered, e.g. a what-if on an empty role); vLLM's default for online serving.
     default_max_num_batched_tokens: int = 8192
@@ -305,6 +315,17 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         _need(
             self.itl_headroom_frac is None or 0 <= self.itl_headroom_frac < 1,
             f"itl_headroom_frac must be in [0, 1), got {self.itl_headroom_frac!r}",
+        )
+        _finite_nonneg("startup_s", self.startup_s)
+        _need(
+            self.scale_down_window_startups is None
+            or (math.isfinite(self.scale_down_window_startups) and self.scale_down_window_startups >= 0),
+            f"scale_down_window_startups must be >= 0, got {self.scale_down_window_startups!r}",
+        )
+        _need(
+            self.in_flight_raise_rate_growth_frac is None
+            or (math.isfinite(self.in_flight_raise_rate_growth_frac) and self.in_flight_raise_rate_growth_frac > 0),
+            f"in_flight_raise_rate_growth_frac must be > 0, got {self.in_flight_raise_rate_growth_frac!r}",
         )
         _need(
             self.default_max_num_batched_tokens >= 1,

@@ -109,6 +109,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_WORKER_SAMPLES = "unknown_worker_samples"
     # in flight
     ACTION_IN_FLIGHT = "action_in_flight"
+    IN_FLIGHT_TARGET_RAISED = "in_flight_target_raised"
     PENDING_TARGET_LOWERED = "pending_target_lowered"
     TARGET_NOT_REACHED = "target_not_reached"
     # gpu budget

@@ -181,6 +181,13 @@ class RoleLoad(msgspec.Struct, frozen=True, kw_only=True):
     queued_decode_requests: float = 0.0
     decode_kv_tokens: float = 0.0
 
+    def finite(self) -> RoleLoad:
+        """This load with NaN / infinite / negative fields read as 0 (for records: a decision's JSON never carries
+        NaN; the ``load_invalid`` detail names the values as given)."""
+        if not any(_finite_or_none(getattr(self, name)) is None for name in self.__struct_fields__):
+            return self
+        return RoleLoad(**{name: _finite_or_none(getattr(self, name)) or 0.0 for name in self.__struct_fields__})
+
     def invalid_fields(self) -> tuple[str, ...]:
         """Fields that are not a number in ``[0, MAX_PLAUSIBLE_COUNT]`` (NaN, infinite, negative, or a broken
         counter's 2^64 - 1): the core holds rather than decide on them (reason ``load_invalid``)."""

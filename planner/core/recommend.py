@@ -324,12 +324,19 @@ def recommend_sla(
     default_max_num_batched_tokens: int = 8192,
     ttft_correction_frac: float = 0.0,
     itl_correction_frac: float = 0.0,
+    startup_s: float = 0.0,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
     The chunk size is the engines' reported ``max_num_batched_tokens``; with no engine reporting one (no
     worker discovered, e.g. a what-if on an empty role) ``default_max_num_batched_tokens`` (never 1 token: a
-    1e9-token prompt would be a billion chunks)."""
+    1e9-token prompt would be a billion chunks).
+
+    Start-up aware (``startup_s`` > 0, with a request rate): replicas added now serve only after one start-up, so
+    a count above ``current`` is judged against the prefill backlog that will remain then — today's queue plus
+    the arrivals meanwhile minus what the current engines prefill in that time — not against today's queue
+    (which the current engines face, and which sized a surge's answer for a backlog gone by the time the
+    replicas arrive)."""
     dp = max(rec.dp_per_replica, 1)
     reported = rec.max_num_batched_tokens if math.isfinite(rec.max_num_batched_tokens) else 0.0
     mnbt = int(reported) if reported >= 1 else max(int(default_max_num_batched_tokens), 1)
@@ -360,6 +367,13 @@ def recommend_sla(
     # Prefill throughput of one engine (tokens/s) from the time of one full chunk.
     chunk_ms = predictor.predict_ttft_ms(float(mnbt), 0.0, mnbt).value_ms if rate else 0.0
     tokens_per_s = mnbt / (chunk_ms / 1000.0) if chunk_ms > 0 else math.inf
+    backlog_later = load.queued_prefill_tokens
+    if startup_s > 0 and rate and current > 0 and math.isfinite(tokens_per_s):
+        net_tokens_per_s = rate * isl - tokens_per_s * current * dp
+        backlog_later = max(0.0, load.queued_prefill_tokens + net_tokens_per_s * startup_s)
+
+    def backlog_for(n: int) -> float:
+        return load.queued_prefill_tokens if n <= current else backlog_later
 
     mixed = predictor if role is Role.AGG and isinstance(predictor, StepPredictor) else None
     if mixed is not None and load.decode_requests <= 0:
@@ -375,7 +389,7 @@ def recommend_sla(
             kv_per_request_tokens=kv_per_request,
             max_num_batched_tokens=mnbt,
             decode_requests=(load.decode_requests + load.queued_decode_requests) / engines,
-            queued_prefill_tokens=load.queued_prefill_tokens / engines,
+            queued_prefill_tokens=backlog_for(n) / engines,
             scheduled_prefill_tokens=0.0 if rate else load.scheduled_prefill_tokens / engines,
             max_num_seqs=rec.max_num_seqs,
             kv_capacity_tokens=rec.kv_capacity_tokens,
@@ -389,7 +403,7 @@ def recommend_sla(
         ok = True
         ttft = itl = None
         if check_ttft:
-            backlog = load.queued_prefill_tokens / engines
+            backlog = backlog_for(n) / engines
             if rate:
                 utilization = rate * isl / engines / tokens_per_s
                 if utilization >= 1.0:

@@ -98,10 +98,12 @@ def hold_in_flight(
     in_flight_since: float | None,
     now: float,
     pending_timeout_s: float,
+    raise_to: int | None = None,
 ) -> tuple[Clamped, tuple[Reason, ...]]:
     """No stacking while an action is in flight. Returns the clamped value and extra (informational)
     reasons, e.g. ``target_not_reached`` when the target has been pending longer than
-    ``pending_timeout_s``."""
+    ``pending_timeout_s``. ``raise_to``: the most a scale-up may raise the in-flight target to (the caller sizes
+    it from the request rate's growth since the action was decided), ``in_flight_target_raised``."""
     if deployment is None or not deployment.in_flight:
         return Clamped(replicas=value), ()
     waited_s = now - (in_flight_since if in_flight_since is not None else now)
@@ -109,6 +111,14 @@ def hold_in_flight(
     if waited_s >= pending_timeout_s and deployment.ready < deployment.desired:
         extra = (Reason.TARGET_NOT_REACHED,)
     ready = deployment.ready
+    if value > current and raise_to is not None and raise_to > current:
+        raised = min(value, raise_to)
+        return Clamped(
+            replicas=raised,
+            reason=Reason.IN_FLIGHT_TARGET_RAISED,
+            detail=f"{ready} of {deployment.desired} ready, but the request rate grew since the scale-up:"
+            f" target raised to {raised}",
+        ), extra
     if value > current:
         return Clamped(
             replicas=current,

@@ -29,6 +29,12 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     # Since when the deployment has had an action in flight (None: settled).
     in_flight_since: float | None = None
     forecast: ForecastState = msgspec.field(default_factory=ForecastState)
+    # Start-up delay measured from the deployment's desired -> ready transitions (EWMA; None: not seen yet).
+    startup_s_observed: float | None = None
+    # When the last scale-up was decided (a desired -> ready transition is measured from it).
+    scale_up_at: float | None = None
+    # The request rate when the last scale-up was decided (what an in-flight target may be raised against).
+    scale_up_rate_per_s: float | None = None
     # SLA mode's closed loop: the headroom corrections from the observed attainment.
     feedback: FeedbackState = msgspec.field(default_factory=FeedbackState)
 

@@ -30,6 +30,7 @@ from planner.core.observation import Observation, ObservationError, RoleLoad, Tr
 from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
 from planner.core.reconcile import Reconciled, reconcile_services
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
+from planner.core.startup import effective_startup_s, in_flight_raise_to, measured_startup_s, scale_down_window_s
 from planner.core.state import CoreState, ServiceState
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import DropReason
@@ -106,6 +107,7 @@ def _recommend(
     traffic: Traffic | None,
     predictor: PerfPredictor | None,
     corrections: tuple[float, float] = (0.0, 0.0),
+    startup_s: float = 0.0,
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -124,6 +126,7 @@ def _recommend(
             default_max_num_batched_tokens=rc.default_max_num_batched_tokens,
             ttft_correction_frac=corrections[0],
             itl_correction_frac=corrections[1],
+            startup_s=startup_s,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -157,6 +160,9 @@ def _draft(
     stages: list[StageResult] = []
     reasons: list[Reason] = []
 
+    # start-up delay: measured from the deployment's desired -> ready transitions, else configured
+    startup_s = effective_startup_s(rc, sstate)
+
     # recommend (never on a load it cannot trust: NaN, infinite, negative or a broken counter's 2^64 - 1)
     invalid = load.invalid_fields()
     if invalid:
@@ -170,7 +176,7 @@ def _draft(
         )
         extra: tuple[Reason, ...] = ()
     else:
-        rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor)
+        rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor, startup_s=startup_s)
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
     reasons.extend(extra)
@@ -191,7 +197,7 @@ def _draft(
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.state.ttft_frac, feedback.state.itl_frac)
         if corrections != (0.0, 0.0):
-            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections)[0].replicas
+            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s)[0].replicas
         value = _stage(
             stages,
             reasons,
@@ -250,7 +256,8 @@ def _draft(
     value = _stage(
         stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds)
     )
-    keep_recs_s = max(rc.scale_up.stabilization_window_s, rc.scale_down.stabilization_window_s)
+    down_window_s = scale_down_window_s(rc, sstate)
+    keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s)
     recommendations = (*_prune(sstate.recommendations, now, keep_recs_s), (now, value))
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
     events = sstate.scale_events
@@ -274,14 +281,14 @@ def _draft(
             recommendations,
             now,
             rc.scale_up.stabilization_window_s,
-            rc.scale_down.stabilization_window_s,
+            down_window_s,
         ),
     )
 
     # safety: no scale-down on incomplete coverage, nor before a full window of it
     since = next_coverage_since(coverage, sstate.coverage_complete_since, now)
     if value < current:
-        allowed, why, detail = coverage_gate(coverage, since, started_at, now, rc.scale_down.stabilization_window_s)
+        allowed, why, detail = coverage_gate(coverage, since, started_at, now, down_window_s)
         if not allowed:
             stages.append(StageResult(stage=Stage.SAFETY, replicas=current, reason=why[0], detail=detail))
             reasons.extend(why)
@@ -294,7 +301,12 @@ def _draft(
     # in flight
     in_flight = deployment is not None and deployment.in_flight
     in_flight_since = (sstate.in_flight_since if sstate.in_flight_since is not None else now) if in_flight else None
-    clamped, extra_in_flight = hold_in_flight(value, current, deployment, in_flight_since, now, rc.pending_timeout_s)
+    startup_observed = measured_startup_s(sstate, in_flight, now)
+    rate_now = traffic.request_rate_per_s if traffic is not None else None
+    raise_to = in_flight_raise_to(rc, sstate, rate_now, in_flight, current)
+    clamped, extra_in_flight = hold_in_flight(
+        value, current, deployment, in_flight_since, now, rc.pending_timeout_s, raise_to
+    )
     value = _stage(stages, reasons, Stage.IN_FLIGHT, clamped)
     reasons.extend(extra_in_flight)
 
@@ -311,6 +323,9 @@ def _draft(
         scale_events=events,
         coverage_complete_since=since,
         in_flight_since=in_flight_since,
+        startup_s_observed=startup_observed,
+        scale_up_at=sstate.scale_up_at if in_flight else None,
+        scale_up_rate_per_s=sstate.scale_up_rate_per_s,
         forecast=fstate,
         feedback=feedback.state,
     )
@@ -333,21 +348,8 @@ def _draft(
     )
 
 
-def _finite_load(load: RoleLoad) -> RoleLoad:
-    """``load`` with NaN / infinite / negative fields read as 0 (the decision's JSON never carries NaN; the recommend
-    stage's ``load_invalid`` detail names the values as given)."""
-    if all(math.isfinite(v) and v >= 0 for v in msgspec.structs.astuple(load)):
-        return load
-    return RoleLoad(
-        **{
-            name: (v if math.isfinite(v) and v >= 0 else 0.0)
-            for name, v in zip(load.__struct_fields__, msgspec.structs.astuple(load), strict=True)
-        }
-    )
-
-
 def _inputs(d: _Draft, overridden: bool) -> RoleInputs:
-    recon, load = d.recon, _finite_load(d.load)
+    recon, load = d.recon, d.load.finite()
     dp_engines = recon.engines_reporting
     kv_cap = recon.kv_capacity_tokens * dp_engines
     t = d.traffic
@@ -460,6 +462,10 @@ def step(
             sstate = msgspec.structs.replace(sstate, feedback=msgspec.structs.replace(sstate.feedback, capped=capped))
         if final != d.current:
             sstate = msgspec.structs.replace(sstate, pending_scale=(now, d.current, final))
+        if final > d.current:
+            rate = d.traffic.request_rate_per_s if d.traffic is not None else None
+            at = sstate.scale_up_at if sstate.scale_up_at is not None else now  # a raise keeps the start
+            sstate = msgspec.structs.replace(sstate, scale_up_rate_per_s=rate, scale_up_at=at)
         services[d.service] = sstate
         stages = tuple(d.stages)
         decisions.append(

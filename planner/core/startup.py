@@ -1,0 +1,51 @@
+"""Start-up awareness (issue 13, item 4), pure: the start-up delay the core measures from the deployment's
+desired -> ready transitions, the scale-down window in start-ups, and how far a scale-up may raise a target
+still in flight. Used by :func:`planner.core.step`; the backlog a scale-up is sized for after one start-up is
+in :func:`planner.core.recommend.recommend_sla` (``startup_s``)."""
+
+from __future__ import annotations
+
+import math
+
+from planner.core.config import RoleConfig
+from planner.core.state import ServiceState
+
+__all__ = ["effective_startup_s", "in_flight_raise_to", "measured_startup_s", "scale_down_window_s"]
+
+
+def effective_startup_s(rc: RoleConfig, state: ServiceState) -> float:
+    """The start-up delay the core plans with: measured once seen, else ``rc.startup_s``."""
+    return state.startup_s_observed if state.startup_s_observed is not None else rc.startup_s
+
+
+def measured_startup_s(state: ServiceState, in_flight: bool, now: float) -> float | None:
+    """The measured start-up (EWMA, weight 0.5) after this tick: a scale-up in flight at the last tick that has
+    settled now took ``now - scale_up_at`` from its decision to every replica ready."""
+    observed = state.startup_s_observed
+    if not in_flight and state.in_flight_since is not None and state.scale_up_at is not None:
+        took = now - state.scale_up_at
+        observed = took if observed is None else 0.5 * observed + 0.5 * took
+    return observed
+
+
+def scale_down_window_s(rc: RoleConfig, state: ServiceState) -> float:
+    """``scale_down_window_startups`` start-ups when set (capacity released on a dip costs a start-up to buy back,
+    so a faster start-up makes the planner leaner by itself), else ``scale_down.stabilization_window_s``."""
+    if rc.scale_down_window_startups is None:
+        return rc.scale_down.stabilization_window_s
+    return rc.scale_down_window_startups * effective_startup_s(rc, state)
+
+
+def in_flight_raise_to(
+    rc: RoleConfig, state: ServiceState, rate_per_s: float | None, in_flight: bool, current: int
+) -> int | None:
+    """How far a scale-up may raise an in-flight target: ``current`` times the growth of the request rate since
+    the scale-up was decided, when it grew by at least ``in_flight_raise_rate_growth_frac``; else None (no
+    stacking: a backlog building while replicas start is what they will absorb)."""
+    growth = rc.in_flight_raise_rate_growth_frac
+    if not in_flight or growth is None or not rate_per_s or not state.scale_up_rate_per_s:
+        return None
+    ratio = rate_per_s / state.scale_up_rate_per_s
+    if ratio < 1.0 + growth:
+        return None
+    return math.ceil(current * min(ratio, 1e6) - 1e-9)

@@ -1,0 +1,156 @@
+"""Surge- and start-up-aware scaling (issue 13 item 4): the start-up delay measured from desired -> ready, the
+scale-down window in start-ups (a faster start-up makes the planner leaner by itself), an in-flight target raised
+when the request rate grew since, and a scale-up sized for the backlog left after one start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perf_model.model import PerfModel
+from perf_model.step_timer import ProfileStepTimer
+from planner.core import (
+    Action,
+    CoreConfig,
+    CoreState,
+    Mode,
+    PolicyKind,
+    Reason,
+    RoleConfig,
+    RoleLoad,
+    ScaleRules,
+    ScalingPolicy,
+    SlaTargets,
+    Traffic,
+)
+from planner.core.recommend import recommend_sla
+from planner.core.reconcile import Reconciled
+from planner.discovery import Role
+from tests.core.fleetkit import Fleet, Load
+
+FAST_UP = ScaleRules(
+    stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
+)
+H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
+
+
+def _fleet(n: int, role: Role = Role.DECODE) -> Fleet:
+    fleet = Fleet()
+    fleet.add_many(n, role)
+    fleet.deploy(role.value, n)
+    return fleet
+
+
+def test_a_scale_up_raises_an_in_flight_target_when_the_rate_grew() -> None:
+    fleet = _fleet(4)
+    config = CoreConfig(roles={Role.DECODE: RoleConfig(mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP)})
+    state = CoreState()
+    fleet.publish_all(0.0, Load(decode=8 * 204))
+    state, d = fleet.tick(state, 0.0, config, {Role.DECODE: Traffic(request_rate_per_s=10.0)})
+    assert d["decode"].action == Action.SCALE_UP and d["decode"].final_replicas == 8
+    fleet.deploy("decode", 8, ready=4)  # in flight
+    # The load doubles while the four new replicas start; the rate doubled too: the target is raised, in proportion.
+    fleet.publish_all(5.0, Load(decode=20 * 204))
+    state, d = fleet.tick(state, 5.0, config, {Role.DECODE: Traffic(request_rate_per_s=20.0)})
+    assert d["decode"].final_replicas == 16 and Reason.IN_FLIGHT_TARGET_RAISED in d["decode"].reasons
+    # Same load, no new growth of the rate since that raise: no stacking.
+    fleet.deploy("decode", 16, ready=4)
+    state, d = fleet.tick(state, 10.0, config, {Role.DECODE: Traffic(request_rate_per_s=21.0)})
+    assert d["decode"].final_replicas == 16 and Reason.ACTION_IN_FLIGHT in d["decode"].reasons
+
+
+def test_without_rate_growth_an_in_flight_scale_up_still_holds() -> None:
+    fleet = _fleet(4)
+    config = CoreConfig(roles={Role.DECODE: RoleConfig(mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP)})
+    state = CoreState()
+    fleet.publish_all(0.0, Load(decode=8 * 204))
+    state, _ = fleet.tick(state, 0.0, config, {Role.DECODE: Traffic(request_rate_per_s=10.0)})
+    fleet.deploy("decode", 8, ready=4)
+    fleet.publish_all(5.0, Load(decode=20 * 204))  # a backlog building, the same rate
+    _, d = fleet.tick(state, 5.0, config, {Role.DECODE: Traffic(request_rate_per_s=10.5)})
+    assert d["decode"].final_replicas == 8 and Reason.ACTION_IN_FLIGHT in d["decode"].reasons
+
+
+@pytest.mark.parametrize(("startup_s", "held_s"), [(60.0, 120.0), (15.0, 30.0)])
+def test_the_scale_down_window_follows_the_measured_start_up(startup_s: float, held_s: float) -> None:
+    """A scale-up settles ``startup_s`` after it was decided; the window is then two measured start-ups: a snapshot
+    restore (15 s) releases idle capacity four times sooner than a cold start (60 s), with no setting changed."""
+    rc = RoleConfig(mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, scale_down_window_startups=2.0)
+    config = CoreConfig(roles={Role.DECODE: rc})
+    fleet = _fleet(2)
+    state = CoreState()
+    now = 0.0
+    fleet.publish_all(now, Load(decode=8 * 204))
+    state, d = fleet.tick(state, now, config)
+    assert d["decode"].final_replicas == 8
+    decision = d["decode"]
+    fleet.deploy("decode", 8, ready=2)  # the new replicas start
+    while now < startup_s:
+        now += 5.0
+        if now >= startup_s:
+            fleet.apply(decision)  # ready
+        fleet.publish_all(now, Load(decode=8 * 204))
+        state, d = fleet.tick(state, now, config)
+        assert d["decode"].final_replicas == 8
+    assert state.services["decode"].startup_s_observed == pytest.approx(startup_s)
+    # Idle from here: the scale-down waits two measured start-ups (and the planner's own first window).
+    idle_from = now
+    first_down = None
+    while first_down is None and now < 2000.0:
+        now += 5.0
+        fleet.publish_all(now, Load(decode=1))
+        state, d = fleet.tick(state, now, config)
+        if d["decode"].action == Action.SCALE_DOWN:
+            first_down = now
+    assert first_down is not None
+    assert first_down == pytest.approx(max(idle_from + held_s, 2 * startup_s), abs=5.0)
+
+
+def _reconciled(engines: int) -> Reconciled:
+    from planner.core.decision import Coverage
+
+    return Reconciled(
+        coverage=Coverage(
+            role=Role.AGG,
+            service="agg",
+            discovered=engines,
+            healthy=engines,
+            partial=0,
+            silent=0,
+            identity_not_synced=0,
+            not_ready=0,
+            ranks_expected=engines,
+            ranks_fresh=engines,
+            deployment_desired=engines,
+            deployment_ready=engines,
+            complete=True,
+        ),
+        load=RoleLoad(),
+        engines_expected=engines,
+        engines_reporting=engines,
+        engines_silent=0,
+        dp_per_replica=1,
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        kv_capacity_tokens=945_029,
+        prefill_requests=4.0 * engines,
+    )
+
+
+def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
+    """A backlog of 3M prompt tokens on 4 engines that keep up with the arrivals (2 req/s of 2k tokens each, far
+    below 4 engines' prefill rate): sized against today's queue the TTFT check asks for dozens of replicas that
+    arrive when the current four have drained it; after one 60 s start-up the remaining backlog is what counts."""
+    predictor = PerfModel(Role.AGG, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE))
+    load = RoleLoad(queued_prefill_tokens=3e6, decode_requests=40, decode_kv_tokens=40 * 2500)
+    traffic = Traffic(request_rate_per_s=2.0, isl_tokens=2000.0, osl_tokens=200.0)
+    sla = SlaTargets(ttft_ms=2000, itl_ms=50)
+
+    def recommend(startup_s: float) -> int:
+        return recommend_sla(
+            Role.AGG, 4, _reconciled(4), load, traffic, predictor, sla, 0.0, 256, startup_s=startup_s
+        ).replicas
+
+    naive, aware = recommend(0.0), recommend(60.0)
+    assert naive > 20 and aware < naive / 4
