@@ -158,6 +158,8 @@ def _shard(
             "cpu_s": time.process_time() - cpu0,
             "slow_consumer_drops": shard.source.slow_consumer_drops,
             "gaps": sum(snap.ranks[key].gaps for key in snap.ranks),
+            "lost_samples": sum(snap.ranks[key].lost_samples for key in snap.ranks),
+            "reconnects": shard.source.disconnects,
         }
     )
     shard.close()
@@ -255,6 +257,8 @@ def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_pro
                 "shard_samples_per_cpu_s": round(s["stored"] / s["cpu_s"]) if s["cpu_s"] else None,
                 "slow_consumer_drops": s["slow_consumer_drops"],
                 "gaps": s["gaps"],
+                "lost_samples": s["lost_samples"],  # counter gaps: what the shard knows it missed
+                "reconnects": s["reconnects"],  # e.g. the server cut a slow consumer off
             }
             for s in shard_figures
         ],
