@@ -226,6 +226,13 @@ class FpmSubscriber:
         """Every followed endpoint's connection counters (readable from any thread)."""
         return {endpoint: link.stats() for endpoint, link in list(self._links.items())}
 
+    def troubled_links(self, limit: int = 50) -> list[LinkStats]:
+        """Up to ``limit`` endpoints that are not connected or ever dropped a connection, most drops first (for
+        diagnostics: a fleet has thousands of endpoints, an operator looks at the few in trouble)."""
+        troubled = [link.stats() for link in list(self._links.values()) if link.disconnects or not link.connected]
+        troubled.sort(key=lambda s: (-s.disconnects - s.connect_retries, s.endpoint))
+        return troubled[:limit]
+
     def link_totals(self) -> LinkTotals:
         """The connection counters of every endpoint ever followed, summed (readable from any thread)."""
         sums = dict(self._departed)
