@@ -125,6 +125,8 @@ class DiagnosticsView:
                 "received": self.subscriber.received,
                 "loop_errors": self.subscriber.loop_errors,
                 "endpoints_connected": len(self.subscriber.endpoints),
+                "links": msgspec.to_builtins(self.subscriber.link_totals()),
+                "links_troubled": msgspec.to_builtins(self.subscriber.troubled_links()),
                 "leases_expired": self.registry.leases.expired,
                 "static_file_error": None if self.registry.static is None else self.registry.static.last_error,
             },

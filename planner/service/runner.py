@@ -341,6 +341,7 @@ class PlannerRunner:
             snapshot = self.subscriber.snapshot(self.now())
             self.perf.feed(self.store, self.subscriber.lock, self.registry.workers, snapshot.now)
             self.metrics.observe_drops({str(k): v for k, v in snapshot.drops.items()})
+            self.metrics.observe_links(self.subscriber.link_totals())
             observation = self.decider.observe(
                 self.registry.workers, snapshot, status, self.registry.not_ready(self.now())
             )
