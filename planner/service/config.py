@@ -33,6 +33,8 @@ import msgspec
 import yaml
 
 from planner.errors import ConfigError
+from planner.ingest.store import FpmLimits
+from worker_shim.curve import CurveClientKeys
 
 __all__ = [
     "ENV_VARS",
@@ -82,6 +84,15 @@ class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ttl_s: PositiveFloat = 10.0
     window_size: PositiveInt = 256
     max_msg_bytes: PositiveInt = 64 * 1024
+    limits: FpmLimits = FpmLimits()  # plausibility limits on FPM counts (beyond one: dropped as invalid_value)
+    curve_server_public_key_file: str | None = None  # CURVE on the FPM link: the publishers' server key certificate
+    curve_client_secret_key_file: str | None = None  # the planner's own keypair (None: drawn at start)
+
+    def curve_keys(self) -> CurveClientKeys | None:
+        """The subscriber's CURVE keys, read from their files now (None: CURVE off); raises CurveKeyError."""
+        if self.curve_server_public_key_file is None:
+            return None
+        return CurveClientKeys.from_files(self.curve_server_public_key_file, self.curve_client_secret_key_file)
 
 
 class HistoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

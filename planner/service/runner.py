@@ -100,9 +100,13 @@ class PlannerRunner:
         self.elector = elector
         self.metrics = PlannerMetrics()
         self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
-        self.store = FleetStore(ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size)
+        self.store = FleetStore(
+            ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size, limits=config.ingest.limits
+        )
         # The subscriber owns its ZMQ context, with the socket limit raised for large fleets.
-        self.subscriber = FpmSubscriber(self.store, max_msg_bytes=config.ingest.max_msg_bytes)
+        self.subscriber = FpmSubscriber(
+            self.store, max_msg_bytes=config.ingest.max_msg_bytes, curve=config.ingest.curve_keys()
+        )
         self.registry = WorkerRegistry(
             config.discovery,
             sources=self.sources,
