@@ -1,0 +1,109 @@
+"""``python -m planner.shard``: one ingest shard process.
+
+::
+
+    python -m planner.shard --shard-id ID (--shards ID1,ID2,... | --shards-file FILE) --nats-url URL
+        --namespace NS --workers-file workers.yaml [--summary-interval-s 1] [--ttl-s 10] [--user U]
+        # password: $FPM_NATS_PASSWORD
+
+Every ``--summary-interval-s`` it reads the discovered workers (a static workers file, re-read when it changes)
+and the shard set (``--shards``, or a file of one shard id per line, re-read when it changes: shards come and
+go by editing it, e.g. a ConfigMap), follows them (:meth:`IngestShard.set_membership`: its rendezvous partition,
+subscribed as per-worker subjects), and publishes its summary on ``fpm-shard.<ns>.<shard_id>``. SIGTERM/SIGINT
+stop it. Exit status 2 for bad arguments or a file that cannot be read at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from planner.discovery import StaticFileDiscovery, WorkerRecord
+from planner.errors import DiscoveryError
+from planner.shard.process import IngestShard
+
+__all__ = ["main"]
+
+log = logging.getLogger("planner.shard")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m planner.shard", description="one FPM ingest shard on NATS")
+    parser.add_argument("--shard-id", required=True)
+    shards = parser.add_mutually_exclusive_group(required=True)
+    shards.add_argument("--shards", help="every shard id, comma-separated (this one included)")
+    shards.add_argument("--shards-file", help="a file of shard ids, one per line, re-read when it changes")
+    parser.add_argument("--nats-url", action="append", required=True, help="NATS server URL (repeatable)")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--workers-file", required=True, help="YAML workers file (planner.discovery)")
+    parser.add_argument("--user", default=None, help="NATS user (default: the shard id)")
+    parser.add_argument("--summary-interval-s", type=float, default=1.0)
+    parser.add_argument("--ttl-s", type=float, default=10.0)
+    return parser
+
+
+def _read_shards(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    environ = os.environ if env is None else env
+    if args.summary_interval_s <= 0 or args.ttl_s <= 0:
+        print("python -m planner.shard: --summary-interval-s and --ttl-s must be > 0", file=sys.stderr)
+        return 2
+    shards_file = Path(args.shards_file) if args.shards_file else None
+    try:
+        discovery = StaticFileDiscovery(args.workers_file)
+        shard_ids = _read_shards(shards_file) if shards_file else [s.strip() for s in args.shards.split(",")]
+    except (OSError, DiscoveryError) as exc:
+        print(f"python -m planner.shard: {exc}", file=sys.stderr)
+        return 2
+    if args.shard_id not in shard_ids:
+        print(f"python -m planner.shard: {args.shard_id!r} is not among the shards {shard_ids}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    shard = IngestShard(
+        args.shard_id,
+        servers=args.nats_url,
+        namespace=args.namespace,
+        user=args.user or args.shard_id,
+        password=environ.get("FPM_NATS_PASSWORD") or None,
+        ttl_s=args.ttl_s,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    last: tuple[Mapping[str, WorkerRecord], list[str]] | None = None
+    shard.start()
+    try:
+        while not stop.is_set():
+            workers = discovery.workers(time.monotonic())
+            if shards_file is not None:
+                try:
+                    shard_ids = _read_shards(shards_file)
+                except OSError as exc:
+                    log.warning("cannot read %s, keeping the shard set %s: %s", shards_file, shard_ids, exc)
+            if last is None or workers is not last[0] or shard_ids != last[1]:
+                if args.shard_id in shard_ids:
+                    shard.set_membership(workers, shard_ids)
+                    log.info("shard %s owns %d of %d workers", args.shard_id, len(shard.owned), len(workers))
+                else:
+                    log.warning("%r is not in the shard set %s: keeping its partition", args.shard_id, shard_ids)
+                last = (workers, list(shard_ids))
+            shard.publish_summary()
+            stop.wait(args.summary_interval_s)
+    finally:
+        shard.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
