@@ -184,7 +184,7 @@ class SimEngine:
     def add(self, request: SimRequest) -> None:
         self._wait_push(request, front=False)
         self.outstanding_tokens += request.isl + request.osl
-        if not request.arrival_counted:  # not again when moved off a replica cancelled before it started
+        if not request.arrival_counted:
             request.arrival_counted = True
             self.traffic.arrival(request.isl)
 
@@ -193,6 +193,7 @@ class SimEngine:
         out = list(self.waiting)
         for req in out:
             self.outstanding_tokens -= req.isl + req.osl
+            req.arrival_counted = False  # this engine never served them: the one that takes them reports them
         self.waiting.clear()
         self._w_prefill = self._w_tokens = self._w_sumsq = self._w_decode = 0
         return out

@@ -135,3 +135,27 @@ def test_scaling_an_unknown_role_is_refused() -> None:
         f.scale(Role.DECODE, 1, 0.0)
     with pytest.raises(ConfigError):
         f.scale(Role.AGG, -1, 0.0)
+
+
+def test_a_request_moved_off_a_cancelled_replica_arrives_once_in_the_fpm_traffic() -> None:
+    from planner.ingest.traffic import TrafficWindows
+
+    store = FleetStore(ttl_s=100.0)
+    windows = TrafficWindows(window_s=1000.0)
+    f = SimFleet(FleetConfig(engine=ENGINE, cold_start_s=30.0), TIMER, sink=StoreSink(store, traffic=windows))
+    f.on_workers_changed = lambda: store.set_workers(f.workers())
+    f.scale(Role.AGG, 1, 0.0)
+    f.submit(SimRequest(0, 1.0, 10, 5), 1.0)  # queued on the first starting replica
+    f.scale(Role.AGG, 2, 2.0)
+    for rid in (1, 2):
+        f.submit(SimRequest(rid, 2.5, 10 + rid, 5), 2.5)  # the router spreads them over both
+    assert len(f.replicas[Role.AGG][1].engine.waiting) == 1  # one on the replica about to be cancelled
+    f.scale(Role.AGG, 1, 3.0)  # cancels the newest starting replica: its queue moves to the first
+    f.run_until(100.0)
+    got = windows.merged("sim-agg", 100.0)
+    assert got is not None
+    arrivals, completions, ttft, itl = got[0]
+    assert (arrivals.count, arrivals.total) == (3, 10 + 11 + 12)  # each once, by the engine that served it
+    assert (completions.count, completions.total) == (3, 15)
+    assert ttft.count == 3 and itl.count == 3
+    assert ttft.total > 3 * 27_000  # they waited for the 30 s start-up (from t = 1 or 2.5 s)
