@@ -220,8 +220,9 @@ def test_a_publisher_that_dies_early_and_restarts_with_a_burst_is_a_restart_not_
             assert view.restarts == 1 and view.lost_samples == 0 and view.gaps == 0
             assert store.drops[DropReason.OVERSIZED] == 0
             assert second.run_id != first.run_id
+            pump(sub, lambda: sub.links()[endpoint].reconnects >= 1)  # the monitor's events may trail the data
             link = sub.links()[endpoint]
-            assert link.disconnects >= 1 and link.reconnects >= 1 and link.protocol_errors == 0
+            assert link.disconnects >= 1 and link.protocol_errors == 0
         finally:
             second.close()
     finally:
@@ -244,8 +245,9 @@ def test_a_plain_tcp_reset_is_a_reconnect_never_oversized(
         assert store.drops[DropReason.OVERSIZED] == 0
         view = store.rank_view("w", 0, 0.0)
         assert view.restarts == 0  # the same run throughout: what the cuts lost is a gap
+        pump(sub, lambda: sub.links()[proxy.endpoint].reconnects >= 3)
         link = sub.links()[proxy.endpoint]
-        assert link.disconnects >= 3 and link.reconnects >= 3 and link.protocol_errors == 0
+        assert link.disconnects >= 3 and link.protocol_errors == 0 and store.drops[DropReason.OVERSIZED] == 0
     finally:
         sub.close()
         proxy.close()
