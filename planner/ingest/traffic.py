@@ -126,13 +126,17 @@ class TrafficWindows:
 
     def add(self, service: str, traffic: StepTraffic, at_s: float) -> None:
         """One step sample's extension, received at ``at_s``, from a worker of ``service``."""
+        self.samples += 1  # written by the ingest thread only
+        if not (traffic.arrivals.count or traffic.completions.count or traffic.ttft_ms.count):
+            # an empty extension (most steps): the service reports traffic, nothing happened; no lock once known
+            if service not in self._services:
+                with self._lock:
+                    self._services.setdefault(service, _Service(at_s))
+            return
         with self._lock:
-            self.samples += 1
             state = self._services.get(service)
             if state is None:
                 state = self._services[service] = _Service(at_s)
-            if not (traffic.arrivals.count or traffic.completions.count or traffic.ttft_ms.count):
-                return  # an empty extension: the service reports traffic, nothing happened
             second = math.floor(at_s)
             slots = state.slots
             if slots and slots[-1].second >= second:
