@@ -143,7 +143,8 @@ def _choose_hinges(role: Role, loads: Sequence[StepLoad], y: np.ndarray) -> tupl
         raw = np.asarray([feature_row(role, load, hinges) for load in loads], dtype=float)
         scale = np.max(np.abs(raw), axis=0)
         scale[scale == 0.0] = 1.0
-        return raw / scale
+        scaled: np.ndarray = raw / scale
+        return scaled
 
     best = _robust_error(design(chosen), y)
     for _ in range(_MAX_HINGES):
