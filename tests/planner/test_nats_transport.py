@@ -218,3 +218,22 @@ def test_after_a_server_restart_ingest_resumes_and_the_gap_is_counted(server: Na
         assert src.disconnects >= 1 and src.connects >= 2
         assert store.drops[DropReason.OVERSIZED] == 0 and store.drops[DropReason.OUT_OF_ORDER] == 0
     worker.close()
+
+
+def test_a_worker_discovery_does_not_list_is_counted_as_unknown_and_gets_no_state(server: NatsServer) -> None:
+    store = FleetStore(ttl_s=30.0)
+    src = source(store, server)
+    src.set_workers({"w.1": record("w.1", [free_port()])})  # w*2 has credentials but is not discovered
+
+    async def publish() -> None:
+        nc = await nats.connect(server.url, user="w*2", password=WORKERS["w*2"])
+        await nc.publish(subject(NS, "agg", "w*2", 0), _payload("w*2", 1))
+        await nc.flush()
+        await nc.close()
+
+    with src:
+        assert src.wait_subscribed(15)
+        asyncio.run(publish())
+        wait_until(lambda: store.drops[DropReason.UNKNOWN_WORKER] == 1, what="the unknown worker's drop")
+        snap = src.snapshot(time.monotonic())
+        assert list(snap.ranks) == [("w.1", 0)] and snap.drops_by_worker == {}
