@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.discovery import EngineCapacity, Role
@@ -27,6 +28,7 @@ from planner.errors import ConfigError, LeaseError, PlannerError
 from planner.service.auth import Principal, TokenRole
 from planner.service.limits import BodyLimitMiddleware
 from planner.service.metrics import CONTENT_TYPE_LATEST
+from planner.service.operations_api import install_operations_api
 from planner.service.runner import EndpointConflictError, PlannerRunner
 from planner.service.schemas import (
     BoundsResponse,
@@ -146,7 +148,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
             if manage_runner:
                 await runner.stop()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # Swagger UI / ReDoc from the fastapi-offline package's files: /docs works air-gapped
         title="fpm-planner",
         version="1",
         description="Metrics-driven autoscaling planner for vLLM fleets: decisions, what-if, bounds, worker "
@@ -237,7 +239,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         dependencies=as_worker,
         responses={401: {"description": "missing or wrong token"}, 409: {"description": "endpoint taken"}},
     )
-    async def register_worker(worker_id: WorkerId, body: RegistrationBody) -> Response:
+    async def register_worker(worker_id: WorkerId, body: RegistrationBody, request: Request) -> Response:
         try:
             registration = runner.register(
                 worker_id,
@@ -247,6 +249,7 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
                 fpm_endpoints=tuple(body.fpm_endpoints),
                 capacity=EngineCapacity(**body.capacity.model_dump()),
                 ttl_s=body.ttl_s,
+                who=request.state.principal.name,
             )
         except EndpointConflictError as exc:
             raise HTTPException(409, str(exc)) from exc
@@ -261,8 +264,8 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         dependencies=as_worker,
         responses={401: {"description": "missing or wrong token"}, 404: {"description": "not registered"}},
     )
-    async def deregister_worker(worker_id: WorkerId) -> Response:
-        if not runner.deregister(worker_id):
+    async def deregister_worker(worker_id: WorkerId, request: Request) -> Response:
+        if not runner.deregister(worker_id, who=request.state.principal.name):
             raise HTTPException(404, f"worker {worker_id!r} is not registered (or its lease lapsed)")
         return _json({"worker_id": worker_id, "deregistered": True})
 
@@ -316,12 +319,16 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         dependencies=as_operator,
         responses={**response(BoundsResponse), 401: {"description": "missing or wrong token"}},
     )
-    async def patch_bounds(body: BoundsPatch) -> Response:
+    async def patch_bounds(body: BoundsPatch, request: Request) -> Response:
         try:
-            result = runner.patch_bounds(body.model_dump(exclude_unset=True))
+            result = runner.patch_bounds(body.model_dump(exclude_unset=True), who=request.state.principal.name)
         except ConfigError as exc:
             raise HTTPException(422, str(exc)) from exc
         return _json(result)
+
+    install_operations_api(  # POST /v1/pause, /v1/resume; GET /v1/pause, /v1/audit
+        app, runner.operations, as_operator=as_operator, services=lambda: runner.decider.last_decisions.keys()
+    )
 
     # -- diagnostics -------------------------------------------------------------------------------------
 

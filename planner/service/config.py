@@ -128,6 +128,7 @@ class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     services: dict[str, str] = {}
     core: dict[str, Any] = {}  # the decision core's configuration (planner.core), validated by the core
     kubernetes: dict[str, Any] | None = None  # pod discovery and leader election (planner.k8s.setup)
+    operations: dict[str, Any] = {}  # durable state, fallback, Events (planner.service.operations)
     auth: AuthConfig = AuthConfig()
     auth_token: str | None = None  # from FPM_PLANNER_TOKEN only; a token in the file is refused
     auth_worker_token: str | None = None  # from FPM_PLANNER_WORKER_TOKEN only

@@ -14,6 +14,7 @@ The runner composes parts that never import it (arrows run from here down)::
            ──> actuation         send-or-not gate, outcome records, status read, actuator errors
            ──> views             explain, what-if
            ──> diagnostics_view  the diagnostics document
+           ──> operations        durable state + audit, pause, fallback, Events and conditions, decision log
 
 Each part is handed what it needs (a clock function, a leader flag, the history); the runner wires them,
 reads the clock and awaits the actuator.
@@ -35,25 +36,29 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import msgspec
+
 from perf_model.api import PerfPredictor
 from perf_model.model import PerfModel
 from planner.actuators.base import Actuator, ScaleRequest, ServiceStatus
 from planner.core import CoreConfig, CoreState, Decision, Observation, Traffic
 from planner.core import load_config as load_core_config
 from planner.discovery import Discovery, EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
-from planner.errors import ActuatorError
+from planner.errors import ActuatorError, ConfigError, LeaseError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
-from planner.service.actuation import Actuation, ActuatorErrorEntry
+from planner.service.actuation import Actuation, ActuatorErrorEntry, Gate
 from planner.service.auth import Credentials, load_credentials
 from planner.service.config import ServiceConfig
 from planner.service.deciding import Decider
 from planner.service.diagnostics_view import DiagnosticsView, TickFigures
 from planner.service.history import DecisionEntry, History, OutcomeEntry
 from planner.service.metrics import PlannerMetrics
+from planner.service.operations import PAUSED, Operations, OperationsConfig, StatusSink, build_store
 from planner.service.perf_feed import PerfFeed
 from planner.service.registry import EndpointConflictError, Registration, WorkerRegistry, WorkerSource
 from planner.service.schemas import BoundsResponse, ExplainResponse, WhatIfResponse, WorkersResponse
+from planner.service.state_store import RuntimeState, StateStore
 from planner.service.views import explain, what_if_decisions, what_if_inputs
 
 __all__ = [
@@ -83,10 +88,13 @@ class PlannerRunner:
         actuator: Actuator | None = None,
         elector: LeaderElector | None = None,
         sources: Sequence[Discovery] = (),
+        state_store: StateStore | None = None,
+        status_sink: StatusSink | None = None,
     ) -> None:
         """``sources``: further discovery sources (e.g. planner.k8s's PodDiscovery), merged after the static
         file and before registrations; one that also offers ``readiness(now) -> {worker_id: bool}`` reports
-        workers the deployment holds not ready."""
+        workers the deployment holds not ready. ``state_store``: where runtime state lives (default: what
+        ``operations.state`` names); ``status_sink``: where Events and conditions go (None: nowhere)."""
         self.config = config
         # refuses (ConfigError) tokens shorter than 32 bytes, repeated names, a bad tokens file
         self.credentials: Credentials = load_credentials(
@@ -123,6 +131,15 @@ class PlannerRunner:
             clock=self.now,
             wall_clock=time.time,
             max_errors=config.history.max_errors,
+        )
+        ops_config = OperationsConfig.from_mapping(config.operations)
+        self.operations = Operations(
+            ops_config,
+            store=state_store or build_store(ops_config.state, time.time, config.kubernetes),
+            metrics=self.metrics,
+            sink=status_sink,
+            clock=self.now,
+            wall_clock=time.time,
         )
         self.view = DiagnosticsView(
             subscriber=self.subscriber,
@@ -232,9 +249,11 @@ class PlannerRunner:
         fpm_endpoints: tuple[str, ...],
         capacity: EngineCapacity,
         ttl_s: float | None,
+        who: str = "",
     ) -> Registration:
-        """Register or renew a worker's lease. Raises LeaseError (bad record, bad TTL, endpoint taken)."""
-        return self.registry.register(
+        """Register or renew a worker's lease. Raises LeaseError (bad record, bad TTL, endpoint taken).
+        ``who``: the credential's name; the registration is then kept in the durable state."""
+        registration = self.registry.register(
             worker_id,
             role=role,
             service=service,
@@ -243,9 +262,47 @@ class PlannerRunner:
             capacity=capacity,
             ttl_s=ttl_s,
         )
+        if who:
+            value = {
+                "role": role.value,
+                "service": service,
+                "dp_size": dp_size,
+                "fpm_endpoints": list(fpm_endpoints),
+                "capacity": msgspec.to_builtins(capacity),
+                "ttl_s": ttl_s,
+            }
+            self.operations.record_registration(worker_id, value, who=who)
+        return registration
 
-    def deregister(self, worker_id: str) -> bool:
-        return self.registry.deregister(worker_id)
+    def deregister(self, worker_id: str, who: str = "") -> bool:
+        gone = self.registry.deregister(worker_id)
+        if who:
+            self.operations.record_registration(worker_id, None, who=who)
+        return gone
+
+    def apply_state(self, state: RuntimeState) -> None:
+        """Take the durable state over: run-time bounds, and the registrations this replica does not know."""
+        patch = self.operations.bounds_patch(state)
+        if patch:
+            try:
+                self.decider.patch_bounds(patch)
+            except ConfigError as exc:
+                log.warning("stored bounds not applied: %s", exc)
+        for worker_id, v in state.registrations.items():
+            if worker_id in self.registry.workers:
+                continue
+            try:
+                self.registry.register(
+                    worker_id,
+                    role=Role(v["role"]),
+                    service=str(v["service"]),
+                    dp_size=int(v["dp_size"]),
+                    fpm_endpoints=tuple(v["fpm_endpoints"]),
+                    capacity=msgspec.convert(v["capacity"], EngineCapacity),
+                    ttl_s=v.get("ttl_s"),
+                )
+            except (LeaseError, KeyError, ValueError, msgspec.ValidationError) as exc:
+                log.warning("stored registration of %s not restored: %s", worker_id, exc)
 
     def refresh_discovery(self, now: float) -> Mapping[str, WorkerRecord]:
         return self.registry.refresh(now)
@@ -267,6 +324,9 @@ class PlannerRunner:
             return
         self._running = True
         self._stop.clear()
+        state = await asyncio.to_thread(self.operations.sync, force=True)
+        if state is not None:
+            self.apply_state(state)
         self.refresh_discovery(self.now())
         self.subscriber.start()
         self._tasks = [
@@ -340,6 +400,9 @@ class PlannerRunner:
         async with self._tick_lock:
             started = time.perf_counter()
             now = self.now()
+            stored = await asyncio.to_thread(self.operations.sync)
+            if stored is not None:
+                self.apply_state(stored)
             self.refresh_discovery(now)
             status = await self.read_status()
             snapshot = self.subscriber.snapshot(self.now())
@@ -360,8 +423,18 @@ class PlannerRunner:
                 leader=self.is_leader,
                 wall_s=time.time(),
             )
-            for item in planned:
-                await self.apply(item.request, role=item.role, decision_id=item.decision_id)
+            outcomes = [
+                await self.apply(item.request, role=item.role, decision_id=item.decision_id) for item in planned
+            ]
+            for request, role in self.operations.fallback(decisions, snapshot.now):
+                outcomes.append(await self.apply(request, role=role, decision_id=None))
+            await asyncio.to_thread(
+                self.operations.after_tick,
+                decisions,
+                outcomes,
+                leader=self.is_leader,
+                advisory=self.actuator is None,
+            )
             self.ticks += 1
             self.last_tick_at = now
             duration_s = time.perf_counter() - started
@@ -377,6 +450,9 @@ class PlannerRunner:
         """Send one scale request through the actuator (leader only) and record what became of it."""
         at_s = time.time()
         gate = self.actuation.gate(request, leader=self.is_leader, configured=self.actuator is not None)
+        paused = self.operations.gate(request.service)
+        if paused is not None:
+            gate = Gate(kind=PAUSED, message=paused)
         if gate is not None or self.actuator is None:
             return self.actuation.record(request, role=role, decision_id=decision_id, at_s=at_s, gate=gate)
         try:
@@ -404,9 +480,13 @@ class PlannerRunner:
     def bounds(self) -> BoundsResponse:
         return self.decider.bounds()
 
-    def patch_bounds(self, patch: Mapping[str, Any]) -> BoundsResponse:
-        """Merge ``patch`` into the bounds the next tick uses. Raises ConfigError (nothing changed)."""
-        return self.decider.patch_bounds(patch)
+    def patch_bounds(self, patch: Mapping[str, Any], who: str = "") -> BoundsResponse:
+        """Merge ``patch`` into the bounds the next tick uses. Raises ConfigError (nothing changed). ``who``:
+        the credential's name; the new bounds are then kept in the durable state."""
+        result = self.decider.patch_bounds(patch)
+        if who:
+            self.operations.record_bounds(patch, msgspec.to_builtins(result), who=who)
+        return result
 
     def diagnostics(self) -> dict[str, Any]:
         """Everything an operator needs to see why the planner does what it does (see docs/service.md)."""

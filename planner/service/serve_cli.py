@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from planner.actuators.base import Actuator
 from planner.errors import ConfigError
 from planner.service.app import create_app
 from planner.service.config import ActuatorKind, ServiceConfig, load_config
+from planner.service.decision_log import configure_logging
 from planner.service.runner import PlannerRunner
 from planner.service.server import GracefulServer
 
@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="override http.host")
     parser.add_argument("--port", type=int, help="override http.port")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-format", default="text", choices=["text", "json"], help="json: one JSON object per line (default: text)"
+    )
 
 
 def build_actuator(config: ServiceConfig) -> Actuator | None:
@@ -48,6 +51,20 @@ def build_actuator(config: ServiceConfig) -> Actuator | None:
     raise ConfigError(f"actuator.kind: {kind.value} is only available in `fpm-planner demo`")
 
 
+def build_status_sink(config: ServiceConfig, env: Mapping[str, str]) -> Any:
+    """Events and conditions on the scaled objects: with the Kubernetes actuator (not advisory) and
+    ``operations.events`` on; None otherwise."""
+    from planner.service.operations import OperationsConfig
+
+    options = dict(config.actuator.options)
+    if config.actuator.kind != ActuatorKind.KUBERNETES or options.get("advisory"):
+        return None
+    if not OperationsConfig.from_mapping(config.operations).events:
+        return None
+    sink = importlib.import_module("planner.k8s.status_sink")
+    return sink.from_options(options, reporting_instance=env.get("POD_NAME") or "fpm-planner")
+
+
 def build_runner(config: ServiceConfig, env: Mapping[str, str]) -> tuple[PlannerRunner, Any]:
     """The runner ``config`` describes, and the Kubernetes pieces (pod discovery, Lease elector; None without a
     ``kubernetes`` section) the caller must ``start()`` before serving and ``stop()`` after."""
@@ -60,12 +77,13 @@ def build_runner(config: ServiceConfig, env: Mapping[str, str]) -> tuple[Planner
         actuator=build_actuator(config),
         elector=None if pieces is None else pieces.elector,
         sources=() if pieces is None or pieces.discovery is None else (pieces.discovery,),
+        status_sink=build_status_sink(config, env),
     )
     return runner, pieces
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, json_logs=args.log_format == "json")
     env = dict(os.environ)
     if args.host:
         env["FPM_PLANNER_HOST"] = args.host
