@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import socket
 import sys
@@ -77,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-replicas", type=int, default=6, help="largest fleet the planner may ask for")
     parser.add_argument("--cold-start-s", type=float, default=30.0, help="replica start-up, trace seconds")
     parser.add_argument("--tick-interval-s", type=float, default=1.0, help="planner tick (default 1 s)")
+    parser.add_argument(
+        "--token",
+        help="operator API token, >= 32 bytes (default: $FPM_PLANNER_TOKEN, else a random one, printed at start)",
+    )
 
 
 def _timer() -> StepTimer:
@@ -141,7 +146,8 @@ async def _registrar(base_url: str, token: str, replay: RealtimeReplay) -> None:
 
 
 async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
-    token = secrets.token_urlsafe(24)
+    given = args.token or os.environ.get("FPM_PLANNER_TOKEN")
+    token = given or secrets.token_urlsafe(32)
     trace_path = args.trace or resources.files("planner.service").joinpath("data/demo_trace.csv")
     trace = scale_rate(load_trace(str(trace_path)), args.rate_scale)
     sink = ZmqSink(host="127.0.0.1", heartbeat_interval_s=0.5)
@@ -174,6 +180,13 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         registrar = asyncio.create_task(_registrar(base_url, token, replay))
         print(
             f"fpm-planner demo: diagnostics at {base_url}/diagnostics  (API docs {base_url}/docs; Ctrl-C to stop)",
+            flush=True,
+        )
+        shown = "the one given (--token / FPM_PLANNER_TOKEN)" if given else token
+        print(
+            f"fpm-planner demo: operator token: {shown}\n"
+            f"  try: curl -X POST -H 'Authorization: Bearer <token>' {base_url}/v1/pause -d '{{}}' "
+            "-H 'Content-Type: application/json'",
             flush=True,
         )
         await serving
