@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from perf_model.api import LatencyEstimate
 from planner.core import Mode, Reason, SlaTargets, Traffic
-from planner.core.recommend import recommend_sla
-from planner.discovery import Role
+from planner.core.recommend import AggLatency, predict_agg_latency, recommend_sla
+from planner.discovery import EngineCapacity, Role
 from tests.core.analytic_perf import AnalyticPerf
 from tests.core.fleetkit import Load
 from tests.core.test_core_rows_threshold import reconciled
@@ -122,6 +123,41 @@ ROWS = [
         traffic=Traffic(request_rate_per_s=100.0, isl_tokens=1000.0, osl_tokens=200.0),
     ),
     Row(
+        "decode with only queued requests: each holds ISL = budget / 2 = 4096 tokens; 1.1 x (8 + 203.84/N): N = 21",
+        Role.DECODE,
+        Load(queued_decode=400),
+        21,
+        Reason.SLA_NEEDS_MORE,
+        itl_ms=1.1 * (8 + 203.84 / 21),
+    ),
+    Row(
+        "one queued decode request is load (not no_load): one replica meets the ITL",
+        Role.DECODE,
+        Load(queued_decode=1),
+        1,
+        Reason.SLA_ALLOWS_FEWER,
+        itl_ms=1.1 * (8 + 0.1 + 0.4096),
+    ),
+    Row(
+        "prefill past search_max: the TTFT reported is the one at search_max (T = 30k: 1.1 x 640)",
+        Role.PREFILL,
+        Load(queued_prefill=40_000),
+        2,
+        Reason.SLA_NEEDS_MORE,
+        ttft_ms=704.0,
+        current=1,
+        search_max=2,
+    ),
+    Row(
+        "aggregated without a step model: the ITL (8) and the TTFT (4) both checked, the larger wins",
+        Role.AGG,
+        Load(decode=400, kv=400_000, queued_prefill=40_000),
+        8,
+        Reason.SLA_NEEDS_MORE,
+        ttft_ms=1.1 * (20 + 0.02 * 15_000),
+        itl_ms=19.8,
+    ),
+    Row(
         "prefill: 4 x 10k queued tokens, ISL 10k; TTFT 1.1 x (ceil(T/8192) x 10 + 0.02 T), T = 10k + 40k/N: N = 4",
         Role.PREFILL,
         Load(queued_prefill=40_000),
@@ -185,3 +221,97 @@ def test_details_say_what_was_met() -> None:
     idle = reconciled(Role.DECODE, 4, Load())
     none = recommend_sla(Role.DECODE, 4, idle, idle.load, None, AnalyticPerf(), SlaTargets(), 0.0, 64)
     assert none.detail == "no load and no traffic"
+
+
+def test_an_engine_reporting_a_one_token_budget_is_taken_at_its_word() -> None:
+    """Chunks of 1 token: 10 + 40/N chunks of 10 ms each; N = 2 is the first within 500 ms (1.1 x 300.6)."""
+    capacity = EngineCapacity(max_num_batched_tokens=1, max_num_seqs=256, kv_capacity_tokens=100_000)
+    rec = reconciled(Role.PREFILL, 4, Load(queued_prefill=40), capacity=capacity)
+    out = recommend_sla(Role.PREFILL, 4, rec, rec.load, None, AnalyticPerf(), SLA, 0.0, 64)
+    assert (out.replicas, out.reason) == (2, Reason.SLA_ALLOWS_FEWER)
+    assert out.predicted_ttft_ms == pytest.approx(1.1 * 300.6)
+
+
+class StepAnalytic(AnalyticPerf):
+    """AnalyticPerf plus a mixed-step prediction (a StepPredictor): the decode step plus the prefill cost."""
+
+    def predict_step_ms(
+        self, prefill_tokens: float, prefill_kv_tokens: float, decode_requests: float, decode_kv_tokens: float
+    ) -> LatencyEstimate:
+        value = (
+            self.decode_base_ms
+            + decode_requests * self.decode_ms_per_request
+            + decode_kv_tokens * self.decode_ms_per_kv_token
+            + prefill_tokens * self.prefill_ms_per_token
+            + prefill_kv_tokens * 0.000001
+        )
+        return LatencyEstimate(value_ms=value, upper_ms=value * (1.0 + self.band_frac))
+
+
+@dataclass
+class AggRow:
+    name: str
+    load: Load
+    traffic: Traffic | None
+    sla: SlaTargets
+
+
+AGG_ROWS = [
+    AggRow(
+        "observed batch and queue, no traffic",
+        Load(decode=300, kv=300_000, queued_prefill=8000, prefill=4000),
+        None,
+        SlaTargets(ttft_ms=400.0, itl_ms=25.0),
+    ),
+    AggRow(
+        "traffic, nothing decoding yet",
+        Load(),
+        Traffic(request_rate_per_s=40.0, isl_tokens=1500.0, osl_tokens=150.0),
+        SlaTargets(ttft_ms=300.0, itl_ms=30.0),
+    ),
+    AggRow(
+        "traffic on top of a running batch",
+        Load(decode=200, kv=150_000, queued_decode=40),
+        Traffic(request_rate_per_s=20.0, isl_tokens=1000.0, osl_tokens=300.0),
+        SlaTargets(ttft_ms=300.0, itl_ms=30.0),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", AGG_ROWS, ids=[r.name for r in AGG_ROWS])
+def test_aggregated_with_a_step_model_is_the_fewest_engines_meeting_the_per_engine_prediction(row: AggRow) -> None:
+    """The documented wiring: at N replicas each engine gets 1/N of the rate, of the decoding (running plus
+    queued) and queued prefill, and of the scheduled prefill only without a rate; a sequence holds the observed KV
+    per running request, or ISL + OSL / 2 when nothing decodes. The answer is the first N (scanned here) whose
+    per-engine prediction meets both targets."""
+    rec = reconciled(Role.AGG, 4, row.load)
+    load, traffic = rec.load, row.traffic
+    predictor = StepAnalytic()
+    rate = traffic.request_rate_per_s if traffic is not None else None
+    isl = traffic.isl_tokens if traffic is not None and traffic.isl_tokens else None
+    osl = traffic.osl_tokens if traffic is not None and traffic.osl_tokens else None
+    if isl is None:
+        isl = (load.queued_prefill_tokens + load.scheduled_prefill_tokens) / rec.prefill_requests
+    kv_per = load.decode_kv_tokens / load.decode_requests if load.decode_requests > 0 else isl + (osl or 0.0) / 2
+
+    def meets(n: int) -> tuple[bool, AggLatency]:
+        agg = predict_agg_latency(
+            predictor,
+            rate_per_s=(rate or 0.0) / n,
+            isl_tokens=isl,
+            osl_tokens=osl or 1.0,
+            kv_per_request_tokens=kv_per,
+            max_num_batched_tokens=8192,
+            decode_requests=(load.decode_requests + load.queued_decode_requests) / n,
+            queued_prefill_tokens=load.queued_prefill_tokens / n,
+            scheduled_prefill_tokens=0.0 if rate else load.scheduled_prefill_tokens / n,
+            max_num_seqs=256,
+            kv_capacity_tokens=100_000,
+        )
+        return agg.ttft_ms <= row.sla.ttft_ms and agg.itl_ms <= row.sla.itl_ms, agg
+
+    expected = next(n for n in range(1, 65) if meets(n)[0])
+    assert expected > 1  # the row needs more than one replica: the per-engine division matters
+    out = recommend_sla(Role.AGG, 4, rec, load, traffic, predictor, row.sla, 0.0, 64)
+    _, agg = meets(expected)
+    assert (out.replicas, out.predicted_ttft_ms, out.predicted_itl_ms) == (expected, agg.ttft_ms, agg.itl_ms)
