@@ -54,7 +54,7 @@ class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``base_s`` when libzmq gave up on it after a protocol error)."""
 
     base_s: float = 0.1
-    max_s: float = 30.0
+    max_s: float = 5.0  # below the store's 10 s TTL: a worker back up is heard again before it counts as silent
     jitter: float = 0.5
 
     def __post_init__(self) -> None:
