@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from planner.core import PolicyKind, Reason, RoleBounds, RoleConfig, ScaleRules, ScalingPolicy, SelectPolicy
-from planner.core.clamp import apply_bounds, rate_limit, stabilize
+from planner.core.clamp import BudgetAsk, apply_bounds, apply_gpu_budget, rate_limit, stabilize
 
 NOW = 100.0
 UP = RoleConfig().scale_up  # max(+100 %, +4) per 15 s
@@ -140,6 +140,15 @@ DOWN_ROWS = [
         Reason.SCALE_DOWN_RATE_LIMITED,
         down=rules((REP, 2.9, 60.0)),
     ),
+    Row(
+        "scale down by 60 % from 200 is exactly 80",
+        0,
+        200,
+        (),
+        80,
+        Reason.SCALE_DOWN_RATE_LIMITED,
+        down=rules((PCT, 60.0, 60.0)),
+    ),
     Row("a scale-down inside the limit passes with no reason", 6, 10, (), 6, None, down=rules(*HALF_OR_ONE)),
     Row("a scale-down exactly to the limit passes with no reason", 5, 10, (), 5, None, down=rules(*HALF_OR_ONE)),
 ]
@@ -225,6 +234,15 @@ UP_ROWS = [
         1,
         Reason.SCALE_UP_RATE_LIMITED,
         up=rules((PCT, 50.0, 60.0), (REP, 3.0, 60.0), select=SelectPolicy.MIN),
+    ),
+    Row(
+        "scale up by 200 % from 100 is exactly 300",
+        1000,
+        100,
+        (),
+        300,
+        Reason.SCALE_UP_RATE_LIMITED,
+        up=rules((PCT, 200.0, 60.0)),
     ),
     Row("a scale-up exactly to the limit passes with no reason", 8, 4, (), 8, None),
     Row("holding is never rate limited", 4, 4, ((99.0, 4), (99.5, -4)), 4, None),
@@ -377,3 +395,78 @@ def test_bounds_details_say_what_moved_and_why() -> None:
     assert apply_bounds(30, 2, 20).detail == "30 lowered to max_replicas 20"
     capped = apply_bounds(30, 2, 20, RoleBounds(min_replicas=0, max_replicas=12))
     assert capped.detail == "30 capped to 12 by the actuator's bounds [0, 12]"
+
+
+def ask(key: str, current: int, wanted: int, gpus: int = 1) -> BudgetAsk:
+    return BudgetAsk(key=key, current=current, wanted=wanted, gpus_per_replica=gpus)
+
+
+@dataclass
+class BudgetRow:
+    name: str
+    asks: tuple[BudgetAsk, ...]
+    budget: int
+    expected: dict[str, tuple[int, Reason | None, str]]
+
+
+BUDGET_ROWS = [
+    BudgetRow(
+        "a scale-up that is met stops taking GPUs; the next one gets the rest",
+        (ask("a", 2, 3), ask("b", 2, 9)),
+        10,
+        {
+            "a": (3, None, ""),
+            "b": (7, Reason.GPU_BUDGET_LIMITED, "GPU budget 10 allows 7 of the 9 replicas asked"),
+        },
+    ),
+    BudgetRow(
+        "a met scale-up first in the list does not end the accounting of the others",
+        (ask("a", 1, 2), ask("b", 1, 2), ask("c", 1, 5)),
+        6,
+        {
+            "a": (2, None, ""),
+            "b": (2, None, ""),
+            "c": (2, Reason.GPU_BUDGET_LIMITED, "GPU budget 6 allows 2 of the 5 replicas asked"),
+        },
+    ),
+    BudgetRow(
+        "exhausted with a GPU left over that one replica cannot use",
+        (ask("a", 4, 6, 2),),
+        9,
+        {
+            "a": (
+                4,
+                Reason.GPU_BUDGET_EXHAUSTED,
+                "GPU budget 9 exhausted (1 free, 2/replica): holding at 4 instead of 6",
+            )
+        },
+    ),
+    BudgetRow(
+        "over budget already: nothing free",
+        (ask("a", 10, 12),),
+        4,
+        {
+            "a": (
+                10,
+                Reason.GPU_BUDGET_EXHAUSTED,
+                "GPU budget 4 exhausted (0 free, 1/replica): holding at 10 instead of 12",
+            )
+        },
+    ),
+    BudgetRow(
+        "holds and scale-downs count at their target, scale-ups at their current count",
+        (ask("hold", 3, 3, 2), ask("down", 5, 2, 2), ask("up", 1, 4, 2)),
+        16,
+        {
+            "hold": (3, None, ""),
+            "down": (2, None, ""),
+            "up": (3, Reason.GPU_BUDGET_LIMITED, "GPU budget 16 allows 3 of the 4 replicas asked"),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("row", BUDGET_ROWS, ids=[r.name for r in BUDGET_ROWS])
+def test_gpu_budget_rows(row: BudgetRow) -> None:
+    out = apply_gpu_budget(row.asks, row.budget)
+    assert {k: (v.replicas, v.reason, v.detail) for k, v in out.items()} == row.expected
