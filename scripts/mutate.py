@@ -129,9 +129,23 @@ class ModuleScore:
     sample: str | None  # digits the run mutants' numbers end in; None = every mutant
     mutants: int = 0
     killed: int = 0
-    equivalent: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
-    survivors: dict[str, str] = field(default_factory=dict)  # name -> "[status]\n" + diff
+    not_killed: dict[str, str] = field(default_factory=dict)  # name -> "[status]\n" + diff
+
+    @property
+    def equivalent_names(self) -> list[str]:
+        """Not-killed mutants listed as equivalent in docs/testing.md (whose diff still adds the listed line)."""
+        listed = load_equivalents()
+        return [n for n, diff in self.not_killed.items() if n in listed and adds_line(diff, listed[n])]
+
+    @property
+    def equivalent(self) -> int:
+        return len(self.equivalent_names)
+
+    @property
+    def survivors(self) -> dict[str, str]:
+        excused = set(self.equivalent_names)
+        return {n: diff for n, diff in self.not_killed.items() if n not in excused}
 
     @property
     def score_pct(self) -> float | None:
@@ -225,7 +239,6 @@ def natural_key(name: str) -> tuple[str, int]:
 
 
 def score_module(repo: Path, rel: str, mutmut: str, template: ModuleScore) -> ModuleScore:
-    equivalents = load_equivalents()
     score = template
     meta = repo / "mutants" / (rel + ".meta")
     if not meta.exists():
@@ -240,11 +253,7 @@ def score_module(repo: Path, rel: str, mutmut: str, template: ModuleScore) -> Mo
         if status in KILLED:
             score.killed += 1
             continue
-        diff = mutant_diff(mutmut, repo, name)
-        if name in equivalents and adds_line(diff, equivalents[name]):
-            score.equivalent += 1
-            continue
-        score.survivors[name] = f"[{status}]\n{diff}"
+        score.not_killed[name] = f"[{status}]\n{mutant_diff(mutmut, repo, name)}"
     return score
 
 
@@ -285,11 +294,16 @@ def run_group(group: Group, files: list[str], args: argparse.Namespace, mutmut: 
 
 
 def to_json(score: ModuleScore) -> dict[str, object]:
-    return {**asdict(score), "score_pct": score.score_pct, "survived": len(score.survivors)}
+    return {
+        **asdict(score),
+        "equivalent": score.equivalent_names,
+        "survived": len(score.survivors),
+        "score_pct": score.score_pct,
+    }
 
 
 def from_json(doc: dict[str, object]) -> ModuleScore:
-    fields = {k: v for k, v in doc.items() if k not in ("score_pct", "survived")}
+    fields = {k: v for k, v in doc.items() if k not in ("score_pct", "survived", "equivalent")}
     return ModuleScore(**fields)  # type: ignore[arg-type]
 
 
@@ -332,13 +346,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "out" / "mutate" / "results.json")
     parser.add_argument("--md", type=Path, help="also write a Markdown report with every survivor's diff")
     parser.add_argument("--merge", action="store_true", help="keep the --json file's results for other modules")
+    parser.add_argument(
+        "--rescore", action="store_true", help="run nothing: re-read --json with the current equivalent-mutant table"
+    )
     parser.add_argument("--fail-under", type=float, help="exit 1 if a module measured now scores below this %%")
     args = parser.parse_args(argv)
     command = " ".join(["python scripts/mutate.py", *(argv if argv is not None else sys.argv[1:])])
 
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     measured: list[ModuleScore] = []
-    for group in GROUPS:
+    if args.rescore:
+        args.merge = True
+        measured = [from_json(m) for m in json.loads(args.json.read_text(encoding="utf-8"))["modules"]]
+        command = json.loads(args.json.read_text(encoding="utf-8"))["command"]
+    for group in GROUPS if not args.rescore else ():
         files = [
             rel
             for rel in _glob(group.modules)
