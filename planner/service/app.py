@@ -28,6 +28,7 @@ from planner.errors import ConfigError, LeaseError, PlannerError
 from planner.service.auth import Principal, TokenRole
 from planner.service.limits import BodyLimitMiddleware
 from planner.service.metrics import CONTENT_TYPE_LATEST
+from planner.service.operations import role_targets
 from planner.service.operations_api import install_operations_api
 from planner.service.runner import EndpointConflictError, PlannerRunner
 from planner.service.schemas import (
@@ -327,7 +328,11 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
         return _json(result)
 
     install_operations_api(  # POST /v1/pause, /v1/resume; GET /v1/pause, /v1/audit
-        app, runner.operations, as_operator=as_operator, services=lambda: runner.decider.last_decisions.keys()
+        app,
+        runner.operations,
+        as_operator=as_operator,
+        services=lambda: runner.decider.last_decisions.keys(),
+        targets=lambda: role_targets(runner.decider.core_config),
     )
 
     # -- diagnostics -------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 import msgspec
 
 from planner.actuators.base import ScaleRequest
-from planner.core import Decision, Reason
+from planner.core import CoreConfig, Decision, Reason
+from planner.discovery import Role
 from planner.errors import ConfigError
 from planner.k8s.events import EventReason, EventType, ScaleStatus
 from planner.service.decision_log import DecisionLog
@@ -46,6 +47,7 @@ __all__ = [
     "StatusSink",
     "build_store",
     "is_blind",
+    "role_targets",
 ]
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,21 @@ def build_store(
     else:
         backend = MemoryBackend()
     return StateStore(backend, wall_clock, audit_limit=config.audit_limit)
+
+
+def role_targets(core: CoreConfig) -> dict[str, dict[str, Any]]:
+    """SLA targets and bounds of every configured role (what ``GET /v1/targets`` shows)."""
+    out: dict[str, dict[str, Any]] = {}
+    for role in Role:
+        rc = core.role(role)
+        out[role.value] = {
+            "mode": rc.mode.value,
+            "sla_ttft_ms": rc.sla.ttft_ms,
+            "sla_itl_ms": rc.sla.itl_ms,
+            "min_replicas": rc.bounds.min_replicas,
+            "max_replicas": rc.bounds.max_replicas,
+        }
+    return out
 
 
 def is_blind(d: Decision) -> bool:

@@ -57,11 +57,29 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status_code=status, media_type="application/json")
 
 
+class TargetsResponse(BaseModel):
+    roles: dict[str, dict[str, Any]] = Field(
+        description="per role: mode, sla_ttft_ms, sla_itl_ms, min_replicas, max_replicas (what the next tick uses)"
+    )
+
+
 def install_operations_api(
-    app: FastAPI, ops: Operations, *, as_operator: list[Any], services: Callable[[], Iterable[str]]
+    app: FastAPI,
+    ops: Operations,
+    *,
+    as_operator: list[Any],
+    services: Callable[[], Iterable[str]],
+    targets: Callable[[], dict[str, dict[str, Any]]] | None = None,
 ) -> None:
     """Add the routes. ``as_operator``: the app's operator-credential dependency (it puts the Principal on
-    ``request.state.principal``); ``services``: the services the planner decides (for the Events of ``*``)."""
+    ``request.state.principal``); ``services``: the services the planner decides (for the Events of ``*``);
+    ``targets``: the SLA targets and bounds per role (``GET /v1/targets``, read by the diagnostics page)."""
+    if targets is not None:
+        read_targets = targets
+
+        @app.get("/v1/targets", tags=["operations"], response_model=TargetsResponse)
+        async def get_targets() -> Response:
+            return _json({"roles": read_targets()})
 
     def pauses() -> Response:
         return _json({"paused": [msgspec.to_builtins(p) for p in ops.pauses()]})
