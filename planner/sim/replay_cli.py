@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -34,6 +35,7 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter  # --help shows every default
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="Azure 2023 CSV or Mooncake JSONL trace")
     source.add_argument(
@@ -53,23 +55,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
     parser.add_argument("--json", dest="json_out", default=None, help="write the result document here")
     parser.add_argument("--report", default=None, help="write an HTML report (inline SVG plots) into this dir")
-    parser.add_argument("--ttft-ms", type=float, default=2000.0)
-    parser.add_argument("--itl-ms", type=float, default=50.0)
+    parser.add_argument("--ttft-ms", type=float, default=2000.0, help="SLA: TTFT target")
+    parser.add_argument("--itl-ms", type=float, default=50.0, help="SLA: ITL target")
     parser.add_argument("--attainment", type=float, default=0.99, help="SLA attainment goal (fraction)")
     parser.add_argument("--profile", default=str(DEFAULT_PROFILE_DIR), help="measured profile directory")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--no-prefix-cache", action="store_true")
-    parser.add_argument("--router", choices=[r.value for r in RouterKind], default=RouterKind.LEAST_TOKENS.value)
-    parser.add_argument("--startup-mode", choices=[m.value for m in StartupMode], default=StartupMode.COLD.value)
-    parser.add_argument("--cold-start-s", type=float, default=60.0)
-    parser.add_argument("--restore-start-s", type=float, default=15.0)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="engine: prefill chunk")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="engine: batch size limit")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="engine: no prefix caching")
+    parser.add_argument(
+        "--router", choices=[r.value for r in RouterKind], default=RouterKind.LEAST_TOKENS.value, help="request router"
+    )
+    parser.add_argument(
+        "--startup-mode",
+        choices=[m.value for m in StartupMode],
+        default=StartupMode.COLD.value,
+        help="how a new replica starts",
+    )
+    parser.add_argument("--cold-start-s", type=float, default=60.0, help="replica start-up, cold")
+    parser.add_argument("--restore-start-s", type=float, default=15.0, help="replica start-up, restore")
     parser.add_argument("--disaggregated", action="store_true", help="prefill + decode roles (KV transfer between)")
-    parser.add_argument("--kv-transfer-s", type=float, default=0.02)
+    parser.add_argument("--kv-transfer-s", type=float, default=0.02, help="disaggregated: KV transfer time")
     parser.add_argument("--tick-s", type=float, default=5.0, help="planner tick (ours)")
-    parser.add_argument("--oracle-window-s", type=float, default=60.0)
+    parser.add_argument("--oracle-window-s", type=float, default=60.0, help="oracle: look-ahead window")
     parser.add_argument("--hpa-target-queue", type=float, default=5.0, help="HPA: waiting requests per replica")
-    parser.add_argument("--max-replicas", type=int, default=64)
+    parser.add_argument("--max-replicas", type=int, default=64, help="every policy's replica limit")
     parser.add_argument("--core-config", default=None, help="decision-core config (YAML) for ours")
     parser.add_argument("--no-traffic", action="store_true", help="do not give ours traffic (from FPM)")
     parser.add_argument("--no-perf-model", action="store_true", help="ours without a predictor (threshold mode)")
@@ -79,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="earlier --json output for the same trace and settings: carry over the policies not "
         "asked for (the oracle included) instead of re-running them",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="rate scaling and scenario seed")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -133,8 +142,40 @@ def settings_from_args(args: argparse.Namespace, overhead_s: float) -> CompareSe
     )
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse (ConfigError) output paths that cannot be written, before a run that may take minutes."""
+    if args.json_out:
+        out = Path(args.json_out)
+        if out.is_dir():
+            raise ConfigError(f"--json {out}: is a directory; give a file path")
+        _writable_dir(out.parent, "--json")
+    if args.report:
+        report = Path(args.report)
+        if report.exists() and not report.is_dir():
+            raise ConfigError(f"--report {report}: exists and is not a directory")
+        _writable_dir(report, "--report")
+
+
+def _writable_dir(path: Path, flag: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot create directory {path}: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: directory {path} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("\nfpm-planner replay: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        check_outputs(args)
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         timer = default_timer(args.profile)
         overhead_s = ttft_overhead_s(timer)
@@ -181,11 +222,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if doc["goals"]:
         print("goals: " + json.dumps(doc["goals"]))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str))
-    if args.report:
-        from planner.sim.report import write_report
+    try:
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str))
+        if args.report:
+            from planner.sim.report import write_report
 
-        print(f"report: {write_report(args.report, doc)}")
+            print(f"report: {write_report(args.report, doc)}")
+    except OSError as exc:
+        print(f"fpm-planner replay: cannot write the output: {exc}", file=sys.stderr)
+        return 1
     return 0
