@@ -270,3 +270,43 @@ def test_a_deployment_status_is_reported_back(path: str) -> None:
     fleet.deployments["decode"] = DeploymentStatus(service="decode", desired=5, ready=2)
     coverage = run(fleet, path).coverage
     assert (coverage.deployment_desired, coverage.deployment_ready, coverage.discovered) == (5, 2, 2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_problem_details_name_what_is_missing(path: str) -> None:
+    fleet = Fleet()
+    fleet.add("decode-0", Role.DECODE, dp=4)  # partial
+    fleet.add("decode-1", Role.DECODE)  # silent
+    fleet.add("decode-2", Role.DECODE)  # not ready
+    fleet.add("decode-3", Role.DECODE, dp=2)  # unsynced on both ranks, under two ids
+    fleet.deploy("decode", desired=4, ready=3, not_ready=("decode-2",))
+    fleet.publish("decode-0", NOW - 1, Load(decode=1), ranks=(0, 2))
+    fleet.publish("decode-3", NOW - 1, Load(decode=1), ranks=(0,), as_id="")
+    fleet.publish("decode-3", NOW - 1, Load(decode=1), ranks=(1,), as_id="other")
+    coverage = run(fleet, path).coverage
+    assert (coverage.partial, coverage.silent, coverage.not_ready, coverage.identity_not_synced) == (1, 1, 1, 1)
+    assert [(p.worker_id, p.status.value, p.detail) for p in coverage.problems] == [
+        ("decode-0", "partial", "no fresh FPM from rank(s) 1, 3 of 4"),
+        ("decode-1", "silent", "no fresh FPM from any rank"),
+        ("decode-2", "not_ready", "the deployment reports it not ready"),
+        (
+            "decode-3",
+            "identity_not_synced",
+            "its endpoint publishes under '', 'other', not 'decode-3': identity not synced",
+        ),
+    ]
+    assert coverage.gaps == (Reason.IDENTITY_NOT_SYNCED, Reason.RANKS_MISSING, Reason.WORKERS_SILENT)
+
+
+def test_workers_discovery_no_longer_lists_add_no_load() -> None:
+    """The store still holds decode-1 (set_workers not called since), but discovery now lists decode-0 only: its
+    load and coverage are decode-0's alone."""
+    fleet = Fleet()
+    fleet.add_many(2, Role.DECODE)
+    fleet.deploy("decode", desired=1)
+    fleet.publish("decode-0", NOW - 1, Load(decode=3, kv=300))
+    fleet.publish("decode-1", NOW - 1, Load(decode=5, kv=500))
+    listed = [msgspec.structs.replace(fleet.workers["decode-0"])]
+    rec = reconcile(Role.DECODE, "decode", listed, fleet.store.snapshot(NOW), fleet.deployments["decode"])
+    assert (rec.load.decode_requests, rec.load.decode_kv_tokens) == (3, 300)
+    assert (rec.coverage.discovered, rec.coverage.healthy, rec.engines_expected) == (1, 1, 1)
