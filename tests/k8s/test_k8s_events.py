@@ -107,6 +107,14 @@ def test_conditions_keep_their_transition_time_while_unchanged() -> None:
     assert by_type[ConditionType.ABLE_TO_SCALE].last_transition_time == first[0].last_transition_time
 
 
+def test_every_event_reason_has_a_row_in_docs_reasons() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "reasons.md"
+    import re
+
+    rows = set(re.findall(r"^\| event \| `([A-Za-z]+)` \|", docs.read_text(), flags=re.MULTILINE))
+    assert rows == {r.value for r in EventReason}
+
+
 # ------------------------------------------------------------------------------------------------ emulator + client
 @pytest.fixture
 def agg(emulator: K8sApiEmulator) -> dict[str, Any]:
