@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import socket
 from collections.abc import Iterator
 
 import msgpack
@@ -296,9 +297,9 @@ def test_a_garbage_peer_is_retried_with_a_growing_backoff_and_counted(ctx: zmq.C
 
 
 def test_a_refused_endpoint_counts_libzmq_connect_retries(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-    probe = ctx.socket(zmq.PUB)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(linger=0)  # a port nobody listens on
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))  # bound, never listening: connects are refused, and nobody else can take the port
+    port = probe.getsockname()[1]
     sub = FpmSubscriber(FleetStore(), context=ctx, reconnect=ReconnectPolicy(base_s=0.005, max_s=0.02))
     endpoint = f"tcp://127.0.0.1:{port}"
     sub.set_workers({"x": record("x", endpoint)})
@@ -308,3 +309,4 @@ def test_a_refused_endpoint_counts_libzmq_connect_retries(ctx: zmq.Context[zmq.S
         assert link.connections == 0 and link.disconnects == 0 and not link.connected
     finally:
         sub.close()
+        probe.close()
