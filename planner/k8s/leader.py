@@ -13,6 +13,9 @@ Several planner replicas run; one holds the Lease and acts, the others serve the
   lease_duration_s``).
 * **Step down**: :meth:`LeaseElector.release` stops acting first, then clears the holder so a follower takes
   over on its next try instead of waiting out the lease.
+* **Health**: with a health check (:meth:`LeaseElector.set_health_check`, the runner's "a tick decided
+  recently"), a round while it fails neither renews nor acquires: a leader steps down (released, as above),
+  so a replica whose ticks stopped deciding never keeps the Lease alive from its electing thread.
 
 ``on_started_leading`` / ``on_stopped_leading`` are called (from the electing thread) on each transition.
 ``clock`` (monotonic seconds) and ``wall_clock`` (epoch seconds, for the Lease's timestamps) are parameters so
@@ -109,6 +112,8 @@ class LeaseElector:
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._health: Callable[[], bool] | None = None
+        self.unhealthy = False  # the last round found the health check failing
 
     # ------------------------------------------------------------------------------------------- state
     @property
@@ -150,9 +155,36 @@ class LeaseElector:
     def _micro_time(self) -> datetime:
         return datetime.fromtimestamp(self._wall(), tz=UTC)
 
+    def set_health_check(self, healthy: Callable[[], bool]) -> None:
+        """Renew and acquire only while ``healthy()`` is true (an exception counts as false)."""
+        self._health = healthy
+
+    def _healthy(self) -> bool:
+        if self._health is None:
+            return True
+        try:
+            return bool(self._health())
+        except Exception:  # a failing check is a failed check
+            log.exception("leader election health check failed")
+            return False
+
     # ------------------------------------------------------------------------------------------- one round
     def try_acquire_or_renew(self) -> bool:
         """One election round (blocking I/O). Returns whether this replica leads after it."""
+        if not self._healthy():
+            if not self.unhealthy:
+                log.warning(
+                    "%s: health check failing (ticks stopped deciding): not renewing lease %s%s",
+                    self.identity,
+                    self.config.lease_name,
+                    "; stepping down" if self._leading else "",
+                )
+            if self._leading:
+                self.release()
+            self.unhealthy = True  # after stepping down: whoever reads it sees the Lease released
+            self.last_error = "health check failing: ticks stopped deciding"
+            return False
+        self.unhealthy = False
         ok = self._round()
         with self._lock:
             deadline_passed = (

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.discovery import EngineCapacity, Role
 from planner.errors import ConfigError, LeaseError, PlannerError
 from planner.service.auth import Principal, TokenRole
+from planner.service.deadline import Busy, DeadlineMissed
 from planner.service.limits import BodyLimitMiddleware
 from planner.service.metrics import CONTENT_TYPE_LATEST
 from planner.service.operations import role_targets
@@ -300,12 +301,24 @@ def create_app(runner: PlannerRunner, *, manage_runner: bool = True) -> FastAPI:
     async def list_outcomes(limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Response:
         return _json(OutcomesResponse(outcomes=runner.history.outcomes(limit)))
 
-    @app.post("/v1/what-if", tags=["decisions"], responses=response(WhatIfResponse))
+    @app.post(
+        "/v1/what-if",
+        tags=["decisions"],
+        responses={
+            **response(WhatIfResponse),
+            503: {"description": "every what-if slot is busy"},
+            504: {"description": "no answer within what_if_deadline_s"},
+        },
+    )
     async def what_if(body: WhatIfBody) -> Response:
         try:
-            result = runner.what_if(body.model_dump(exclude_none=True))
+            result = await runner.what_if(body.model_dump(exclude_none=True))
         except ConfigError as exc:
             raise HTTPException(422, str(exc)) from exc
+        except Busy as exc:
+            raise HTTPException(503, f"{exc}; try again later", headers={"Retry-After": "5"}) from exc
+        except DeadlineMissed as exc:
+            raise HTTPException(504, f"the what-if did not finish in time: {exc}") from exc
         return _json(result)
 
     # -- bounds ------------------------------------------------------------------------------------------

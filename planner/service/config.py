@@ -118,6 +118,10 @@ class ActuatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 class ServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     http: HttpConfig = HttpConfig()
     tick_interval_s: PositiveFloat = 5.0
+    # the core runs off the event loop: a tick whose core step takes longer holds (decide_deadline_missed)
+    tick_deadline_s: PositiveFloat = 10.0
+    what_if_deadline_s: PositiveFloat = 5.0  # a what-if taking longer answers 504
+    what_if_concurrency: PositiveInt = 2  # what-ifs computing at once; one more answers 503
     discovery: DiscoveryConfig = DiscoveryConfig()
     ingest: IngestConfig = IngestConfig()
     history: HistoryConfig = HistoryConfig()

@@ -33,6 +33,9 @@ class TickFigures(msgspec.Struct, frozen=True, kw_only=True):
     last_tick_error: str | None
     tick_interval_s: float
     last_tick_duration_ms: float | None
+    last_tick_hold: dict[str, Any] | None = None  # the last tick that held without deciding: reason, detail, at_s
+    tick_holds: dict[str, int] = {}  # ticks held without deciding, by reason (TickHold)
+    ticking: bool = True  # a tick decided recently (what the leader elector's health check reads)
 
 
 class DiagnosticsView:
@@ -120,6 +123,9 @@ class DiagnosticsView:
             "last_tick_error": ticks.last_tick_error,
             "tick_interval_s": ticks.tick_interval_s,
             "last_tick_duration_ms": ticks.last_tick_duration_ms,
+            "last_tick_hold": ticks.last_tick_hold,
+            "tick_holds": ticks.tick_holds,
+            "ticking": ticks.ticking,
             "ingest": {
                 "ttl_s": snapshot.ttl_s,
                 "received": self.subscriber.received,

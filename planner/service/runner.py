@@ -50,6 +50,7 @@ from planner.ingest.subscriber import FpmSubscriber
 from planner.service.actuation import Actuation, ActuatorErrorEntry, Gate
 from planner.service.auth import Credentials, load_credentials
 from planner.service.config import ServiceConfig
+from planner.service.deadline import DeadlineMissed, OffLoop, TickHold
 from planner.service.deciding import Decider
 from planner.service.diagnostics_view import DiagnosticsView, TickFigures
 from planner.service.history import DecisionEntry, History, OutcomeEntry
@@ -163,6 +164,16 @@ class PlannerRunner:
         self._tasks: list[asyncio.Task[None]] = []
         self._tick_lock = asyncio.Lock()
         self._running = False
+        # the core runs off the event loop with a deadline: a stuck step never freezes the API or SIGTERM
+        self._decide = OffLoop("planner-decide", clock=self.now, slots=1)
+        self._what_if = OffLoop("planner-what-if", clock=self.now, slots=config.what_if_concurrency)
+        self.last_good_tick_at: float | None = None  # monotonic: the last tick whose core step answered
+        self.last_tick_hold: dict[str, Any] | None = None  # the last tick held without deciding, and why
+        self.tick_holds: dict[str, int] = {}  # by TickHold
+        self._holding: str | None = None  # the reason of the current spell of holds (logged once per spell)
+        set_health_check = getattr(elector, "set_health_check", None)
+        if set_health_check is not None:  # the Lease elector renews only while ticks decide
+            set_health_check(self.ticking)
 
     # -- clock ---------------------------------------------------------------------------------------------
 
@@ -412,7 +423,15 @@ class PlannerRunner:
             observation = self.decider.observe(
                 self.registry.workers, snapshot, status, self.registry.not_ready(self.now())
             )
-            state, decisions = self.decider.decide(observation, snapshot.now, self.perf.predictors)
+            decided = await self._decide_off_loop(observation, snapshot.now)
+            if decided is None:  # held: nothing decided, nothing sent
+                self.ticks += 1
+                self.last_tick_at = now
+                self.tick_durations_s.append(time.perf_counter() - started)
+                return
+            state, decisions = decided
+            self.last_good_tick_at = now
+            self._holding = None
             planned = self.decider.commit(
                 state,
                 observation,
@@ -441,18 +460,50 @@ class PlannerRunner:
             self.tick_durations_s.append(duration_s)
             self.metrics.tick_duration_seconds.observe(duration_s)
 
+    async def _decide_off_loop(self, observation: Observation, now: float) -> tuple[CoreState, list[Decision]] | None:
+        """The core's step in a thread of its own, awaited for at most ``tick_deadline_s``; None (a hold,
+        recorded with its reason) when it misses the deadline or an earlier step is still running."""
+        if self._decide.running:
+            self._hold(TickHold.DECIDE_STILL_RUNNING, "the core step of an earlier tick has not ended; none stacked")
+            return None
+        try:
+            return await self._decide.run(
+                self.decider.decide, observation, now, self.perf.predictors, deadline_s=self.config.tick_deadline_s
+            )
+        except DeadlineMissed as exc:
+            self._hold(TickHold.DECIDE_DEADLINE_MISSED, f"{exc} (tick_deadline_s): nothing decided, nothing sent")
+            return None
+
+    def _hold(self, reason: TickHold, detail: str) -> None:
+        self.tick_holds[reason.value] = self.tick_holds.get(reason.value, 0) + 1
+        self.last_tick_hold = {"reason": reason.value, "detail": detail, "at_s": time.time()}
+        if self._holding != reason.value:
+            log.warning("tick held (%s): %s", reason.value, detail)
+            self._holding = reason.value
+
+    def ticking(self) -> bool:
+        """Whether a tick's core step answered recently: within three tick intervals plus the deadline (the
+        start counts as one). The Lease elector renews only while this holds, so a replica whose ticks stop
+        deciding hands the Lease over."""
+        last = self.last_good_tick_at if self.last_good_tick_at is not None else self.started_at
+        return self.now() - last < 3 * self.config.tick_interval_s + self.config.tick_deadline_s
+
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
         return self.decider.observe(self.registry.workers, snapshot, status, self.registry.not_ready(self.now()))
 
     # -- actuator ------------------------------------------------------------------------------------------
 
     async def apply(self, request: ScaleRequest, *, role: str, decision_id: int | None) -> OutcomeEntry:
-        """Send one scale request through the actuator (leader only) and record what became of it."""
+        """Send one scale request through the actuator (leader only), carrying the count it expects to replace,
+        and record what became of it. While the status is unreadable nothing below the last known count is
+        sent."""
         at_s = time.time()
         gate = self.actuation.gate(request, leader=self.is_leader, configured=self.actuator is not None)
         paused = self.operations.gate(request.service)
         if paused is not None:
             gate = Gate(kind=PAUSED, message=paused)
+        if gate is None:
+            request, gate = self.actuation.expect(request)
         if gate is not None or self.actuator is None:
             return self.actuation.record(request, role=role, decision_id=decision_id, at_s=at_s, gate=gate)
         try:
@@ -467,14 +518,24 @@ class PlannerRunner:
         """A decision with its inputs, coverage, every pipeline stage (value and reason) and its outcomes."""
         return explain(entry, self.history)
 
-    def what_if(self, request: Mapping[str, Any]) -> WhatIfResponse:
-        """What the core would decide now under the given traffic, load or SLA; nothing is applied or kept."""
+    async def what_if(self, request: Mapping[str, Any]) -> WhatIfResponse:
+        """What the core would decide now under the given traffic, load or SLA; nothing is applied or kept.
+        The core runs off the event loop: raises DeadlineMissed after ``what_if_deadline_s``, Busy when
+        ``what_if_concurrency`` what-ifs are still computing."""
         now = self.now()
         observation = self.observe(self.subscriber.snapshot(now), self.status)
         observation, config = what_if_inputs(
             observation, self.decider.core_config, self.decider.last_decisions, request
         )
-        decisions = what_if_decisions(self.decider.core_state, observation, now, config, self.perf.predictors)
+        decisions = await self._what_if.run(
+            what_if_decisions,
+            self.decider.core_state,
+            observation,
+            now,
+            config,
+            self.perf.predictors,
+            deadline_s=self.config.what_if_deadline_s,
+        )
         return WhatIfResponse(applied=False, decided_at_s=time.time(), decisions=decisions)
 
     def bounds(self) -> BoundsResponse:
@@ -499,4 +560,7 @@ class PlannerRunner:
             last_tick_error=self.last_tick_error,
             tick_interval_s=self.config.tick_interval_s,
             last_tick_duration_ms=None if not self.tick_durations_s else self.tick_durations_s[-1] * 1000.0,
+            last_tick_hold=self.last_tick_hold,
+            tick_holds=dict(self.tick_holds),
+            ticking=self.ticking(),
         )
