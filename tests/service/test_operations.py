@@ -60,7 +60,11 @@ def capped_decision() -> Decision:
     fleet = decode_fleet(1)
     fleet.publish_all(0.0, Load(decode=600))
     config = CoreConfig(
-        roles={Role.DECODE: RoleConfig(mode=Mode.SLA, sla=SlaTargets(ttft_ms=500, itl_ms=50), max_replicas=1)}
+        roles={
+            Role.DECODE: RoleConfig(
+                mode=Mode.SLA, sla=SlaTargets(ttft_ms=500, itl_ms=50), max_replicas=1, itl_headroom_frac=0.0
+            )
+        }
     )
     return decide(fleet, 0.0, config, predictors={Role.DECODE: AnalyticPerf(decode_ms_per_kv_token=0.0)})
 
@@ -258,3 +262,24 @@ def test_pause_puts_an_event_and_a_condition(emulator: K8sApiEmulator, api: k8s.
     conds = {c.type: c for c in parse_conditions(stored["metadata"]["annotations"], "decode")}
     assert conds[ConditionType.PAUSED].status == "True" and "alice" in conds[ConditionType.PAUSED].message
     assert conds[ConditionType.ABLE_TO_SCALE].reason == "Paused"
+
+
+def test_configure_logging_json_writes_one_object_per_decision_line(capfd: pytest.CaptureFixture[str]) -> None:
+    from planner.service.decision_log import configure_logging
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging("info", json_logs=True)
+        DecisionLog().observe([capped_decision()], leader=False, advisory=False)
+        err = capfd.readouterr().err.strip().splitlines()
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+    (line,) = [json.loads(x) for x in err if x.startswith("{")]
+    assert line["level"] == "INFO" and line["name"] == "planner.decisions"
+    assert line["final"] == 1 and line["recommended"] == 2 and line["leader"] is False
+    assert "(follower: not applied)" in line["message"]
