@@ -84,7 +84,6 @@ EP = "tcp://a:1"
 def sample(counter: int = 1, run_id: int = 0, **counts: int) -> fpm.ForwardPassMetrics:
     sched = {k: v for k, v in counts.items() if not k.startswith("q_")}
     queued = {k[2:]: v for k, v in counts.items() if k.startswith("q_")}
-    run = {"run_id": run_id} if run_id else {}  # a sample without one is a v1 sample of a legacy publisher
     return fpm.ForwardPassMetrics(
         worker_id="w",
         dp_rank=0,
@@ -92,7 +91,7 @@ def sample(counter: int = 1, run_id: int = 0, **counts: int) -> fpm.ForwardPassM
         wall_time=0.01,
         scheduled_requests=ScheduledRequests(**sched),
         queued_requests=QueuedRequests(**queued),
-        **run,
+        run_id=run_id,  # 0: a legacy publisher's sample (no run_id on the wire)
     )
 
 

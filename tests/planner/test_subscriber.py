@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 
-from planner.discovery import LeaseRegistry, WorkerRecord
+from planner.discovery import LeaseRegistry, Role, WorkerRecord
 from planner.ingest import native
 from planner.ingest.native import ReceivePath
 from planner.ingest.store import DropReason, FleetStore
@@ -51,7 +51,7 @@ def rebind(make: Callable[[], FpmPublisher], timeout_s: float = 10.0) -> FpmPubl
 
 
 def record(worker_id: str, endpoint: str) -> WorkerRecord:
-    return WorkerRecord(worker_id=worker_id, role="agg", service="agg", dp_size=1, fpm_endpoints=(endpoint,))
+    return WorkerRecord(worker_id=worker_id, role=Role.AGG, service="agg", dp_size=1, fpm_endpoints=(endpoint,))
 
 
 class RawPublisher:

@@ -11,7 +11,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from planner.discovery import WorkerRecord
+from planner.discovery import Role, WorkerRecord
 from planner.errors import ConfigError
 from planner.ingest.store import FleetStore
 from planner.ingest.subscriber import FpmSubscriber
@@ -44,7 +44,9 @@ def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
 
 def _subscriber(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, curve: CurveClientKeys | None) -> FpmSubscriber:
     sub = FpmSubscriber(FleetStore(ttl_s=60.0), context=ctx, curve=curve)
-    sub.set_workers({"w": WorkerRecord(worker_id="w", role="agg", service="agg", dp_size=1, fpm_endpoints=(endpoint,))})
+    sub.set_workers(
+        {"w": WorkerRecord(worker_id="w", role=Role.AGG, service="agg", dp_size=1, fpm_endpoints=(endpoint,))}
+    )
     return sub
 
 
