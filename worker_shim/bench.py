@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from worker_shim import fpm
-from worker_shim.metrics import queued_requests, scheduled_requests
+from worker_shim.metrics import TrafficAccumulator, queued_requests, scheduled_requests
 from worker_shim.publisher import FpmPublisher
 
 __all__ = ["add_arguments", "run", "write_tiny_llama"]
@@ -191,18 +191,31 @@ async def _workload(llm: Any, requests: int, prompt_tokens: int, max_tokens: int
     return time.perf_counter() - started, generated
 
 
-def _shim_work_us(requests: int, prompt_tokens: int, max_tokens: int, iterations: int = 20_000) -> float:
+def _shim_work_us(
+    requests: int, prompt_tokens: int, max_tokens: int, iterations: int = 20_000, *, traffic: bool = True
+) -> float:
     """Per-step cost of what the shim adds on the engine thread, measured in isolation: the pure metrics for a
-    decode batch of ``requests`` plus one non-blocking publish."""
+    decode batch of ``requests`` plus one non-blocking publish; with ``traffic``, also the traffic extension of
+    the same workload (each request arrives, gets its first token and completes once per ``max_tokens`` steps)
+    and its ``take()`` on every step."""
     entries = [(1, prompt_tokens + max_tokens // 2 + i, prompt_tokens) for i in range(requests)]
+    acc = TrafficAccumulator()
     with (
         tempfile.TemporaryDirectory() as tmp,
         FpmPublisher(worker_id="bench", endpoint=f"ipc://{tmp}/fpm", queue_size=iterations + 1) as publisher,
     ):
         started = time.perf_counter()
-        for _ in range(iterations):
+        for i in range(iterations):
             t0 = time.perf_counter()
-            publisher.publish(time.perf_counter() - t0, scheduled_requests(entries), queued_requests(()))
+            if not traffic:
+                publisher.publish(time.perf_counter() - t0, scheduled_requests(entries), queued_requests(()))
+                continue
+            if i % max_tokens == 0:
+                for _ in range(requests):
+                    acc.arrival(prompt_tokens)
+                    acc.first_token(50.0)
+                    acc.completion(max_tokens, 5.0)
+            publisher.publish(time.perf_counter() - t0, scheduled_requests(entries), queued_requests(()), acc.take())
         elapsed = time.perf_counter() - started
         publisher.flush(30)
     return elapsed / iterations * 1e6
@@ -264,7 +277,13 @@ async def _bench(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         for with_, without in zip(tokens_per_s["with_shim"], tokens_per_s["without_shim"], strict=True)
     ]
     mean_step_ms = statistics.fmean(step_ms["with_shim"])
-    shim_us = _shim_work_us(args.requests, args.prompt_tokens, args.max_tokens)
+    # v1 alone and with the traffic extension, alternated (the first runs of a pair pay for the engines' shutdown)
+    v1_us, traffic_us = [], []
+    for _ in range(5):
+        v1_us.append(_shim_work_us(args.requests, args.prompt_tokens, args.max_tokens, traffic=False))
+        traffic_us.append(_shim_work_us(args.requests, args.prompt_tokens, args.max_tokens))
+    shim_us = statistics.median(traffic_us)
+    shim_us_v1 = statistics.median(v1_us)
     return {
         "bench": "shim",
         "reps": args.reps,
@@ -279,6 +298,7 @@ async def _bench(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         "fpm_mean_wall_time_ms": statistics.fmean(fpm_wall_ms) if fpm_wall_ms else 0.0,
         "shim_work_us_per_step": shim_us,
         "shim_work_pct_of_step": shim_us / 1e3 / mean_step_ms * 100.0,
+        "shim_work_us_per_step_without_traffic": shim_us_v1,
         "publisher": stats,
         "publisher_dropped": sum(int(s["dropped_queue_full"]) + int(s["dropped_send"]) for s in stats),
         "subscriber_counter_gaps": gaps,
