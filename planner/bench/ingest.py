@@ -69,7 +69,9 @@ def _pin(core: int) -> int | None:
 def _publish(publishers: int, samples: int, conn: Connection) -> None:
     """Child process: bind M PUB sockets, heartbeat until told to go, then send the pre-encoded samples."""
     _pin(1)
+    _raise_fd_limit()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, ctx.get(zmq.SOCKET_LIMIT))  # beyond ~1,000 publishers
     socks = []
     for _ in range(publishers):
         sock = ctx.socket(zmq.PUB)
@@ -121,18 +123,34 @@ def _publish(publishers: int, samples: int, conn: Connection) -> None:
     ctx.term()
 
 
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _recv(conn: Connection, proc: mp.process.BaseProcess) -> Any:
+    """The next message from the publisher process; raises (instead of waiting forever) when it died."""
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"the publisher process exited ({proc.exitcode}); see its traceback above")
+    return conn.recv()
+
+
 def measure(publishers: int, samples: int, window: int, receive_path: ReceivePath = "auto") -> dict[str, Any]:
     """Run the publishers in a child process and ingest here; returns the figures."""
+    _raise_fd_limit()
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=_publish, args=(publishers, samples, child), daemon=True)
     proc.start()
-    endpoints: list[str] = parent.recv()
+    endpoints: list[str] = _recv(parent, proc)
     workers = {
         f"w{i}": WorkerRecord(worker_id=f"w{i}", role=Role.AGG, service="agg", dp_size=1, fpm_endpoints=(ep,))
         for i, ep in enumerate(endpoints)
     }
     store = FleetStore(ttl_s=30.0, window_size=window)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, ctx.get(zmq.SOCKET_LIMIT))  # three sockets per endpoint
     sub = FpmSubscriber(store, context=ctx, rcvhwm=samples + 1000, receive_path=receive_path)
     sub.set_workers(workers)
     deadline = time.monotonic() + 60
@@ -141,7 +159,7 @@ def measure(publishers: int, samples: int, window: int, receive_path: ReceivePat
         if time.monotonic() > deadline:
             raise RuntimeError("publishers did not connect within 60 s")
     parent.send("go")
-    while parent.recv() != "encoded":
+    while _recv(parent, proc) != "encoded":
         pass
     while sub.poll_once(0):  # drain the warm-up heartbeats before timing
         pass
@@ -151,7 +169,7 @@ def measure(publishers: int, samples: int, window: int, receive_path: ReceivePat
     expected = publishers * samples
     # Saturation: the publishers send everything into ZMQ's queues first (high-water marks hold it all), then the
     # clock starts and the subscriber drains at full speed. A live sender on the other core would be the limit.
-    if parent.recv() != "sent":
+    if _recv(parent, proc) != "sent":
         raise RuntimeError("publisher process failed")
     time.sleep(1.0)  # let ZMQ's I/O thread move what is still in TCP buffers
     start = time.perf_counter()
