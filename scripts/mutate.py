@@ -19,6 +19,7 @@ everything (~6,800 mutants) takes hours on the shared 2-core machine. The scratc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import fnmatch
 import json
@@ -230,9 +231,16 @@ def load_equivalents() -> dict[str, str]:
     return found
 
 
-def mutant_diff(mutmut: str, repo: Path, name: str) -> str:
-    out = subprocess.run([mutmut, "show", name], cwd=repo, capture_output=True, text=True)
-    return out.stdout.strip()
+def mutant_diff(mutmut: str, repo: Path, rel: str, name: str) -> str:
+    """What ``mutmut show NAME`` prints, computed in this process (a subprocess per mutant costs seconds)."""
+    try:
+        from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+        with contextlib.chdir(repo):
+            return get_diff_for_mutant(name, path=Path(rel)).strip()
+    except Exception:  # mutmut's internals moved: ask its command line
+        out = subprocess.run([mutmut, "show", name], cwd=repo, capture_output=True, text=True)
+        return out.stdout.strip()
 
 
 def adds_line(diff: str, text: str) -> bool:
@@ -259,7 +267,7 @@ def score_module(repo: Path, rel: str, mutmut: str, template: ModuleScore) -> Mo
         if status in KILLED:
             score.killed += 1
             continue
-        score.not_killed[name] = f"[{status}]\n{mutant_diff(mutmut, repo, name)}"
+        score.not_killed[name] = f"[{status}]\n{mutant_diff(mutmut, repo, rel, name)}"
     return score
 
 
