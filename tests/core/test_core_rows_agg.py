@@ -133,6 +133,18 @@ ROWS = [
         ),
     ),
     Row(
+        "Little's law past a KV capacity of 3 one-token sequences: named KV capacity",
+        {**BASE, "rate_per_s": 10.0, "osl_tokens": 1000.0, "kv_per_request_tokens": 1.0, "kv_capacity_tokens": 3.0},
+        AggLatency(
+            itl_ms=INF,
+            ttft_ms=INF,
+            decode_batch=3.0,
+            prefill_busy_frac=1.0,
+            prompt_prefill_ms=INF,
+            saturated="KV capacity",
+        ),
+    ),
+    Row(
         "Little's law past a 4-token budget (3 decodes): named token budget",
         {**BASE, "isl_tokens": 2.0, "rate_per_s": 10.0, "osl_tokens": 1000.0, "max_num_batched_tokens": 4},
         AggLatency(

@@ -84,6 +84,12 @@ def not_ready_and_silent() -> Fleet:
     return fleet
 
 
+def ready_count_past_the_ready_workers() -> Fleet:
+    fleet = workers(3, fresh=2)
+    fleet.deploy("decode", desired=3, ready=3, not_ready=("decode-2",))
+    return fleet
+
+
 def more_healthy_than_ready() -> Fleet:
     fleet = workers(3, fresh=3)
     fleet.deploy("decode", desired=3, ready=1)
@@ -139,6 +145,14 @@ COVERAGE_ROWS = [
         not_ready_and_silent,
         True,
         (),
+        2,
+        0,
+    ),
+    CoverageRow(
+        "3 ready reported, 3 discovered of which 1 not ready: a ready replica is not discovered",
+        ready_count_past_the_ready_workers,
+        False,
+        (Reason.READY_REPLICAS_UNDISCOVERED,),
         2,
         0,
     ),
@@ -310,3 +324,32 @@ def test_workers_discovery_no_longer_lists_add_no_load() -> None:
     rec = reconcile(Role.DECODE, "decode", listed, fleet.store.snapshot(NOW), fleet.deployments["decode"])
     assert (rec.load.decode_requests, rec.load.decode_kv_tokens) == (3, 300)
     assert (rec.coverage.discovered, rec.coverage.healthy, rec.engines_expected) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_one_token_kv_capacity_is_a_known_capacity(path: str) -> None:
+    fleet = Fleet()
+    fleet.add("decode-0", Role.DECODE, capacity=EngineCapacity(kv_capacity_tokens=1))
+    fleet.deploy("decode", desired=1)
+    assert run(fleet, path).kv_capacity_tokens == 1.0
+
+
+def test_no_worker_at_all_means_one_engine_per_replica() -> None:
+    fleet = nothing_discovered()
+    rec = reconcile(Role.DECODE, "decode", [], fleet.store.snapshot(NOW), fleet.deployments["decode"])
+    assert (rec.dp_per_replica, rec.engines_expected, rec.coverage.discovered) == (1, 0, 0)
+
+
+def test_a_suspect_worker_of_the_next_service_is_none_of_this_ones_business() -> None:
+    """prefill's workers come first in the store, decode's next; decode-0 had a stray sample on its endpoint (a
+    suspect). Reconciling prefill classifies prefill's workers only."""
+    fleet = Fleet()
+    fleet.add_many(2, Role.PREFILL)
+    fleet.add_many(2, Role.DECODE)
+    fleet.deploy("prefill", desired=2)
+    fleet.publish_all(NOW - 1, Load(queued_prefill=100), role=Role.PREFILL)
+    fleet.stray(fleet.workers["decode-0"].fpm_endpoints[0], "intruder", NOW - 1)
+    prefill = [w for w in fleet.workers.values() if w.service == "prefill"]
+    rec = reconcile(Role.PREFILL, "prefill", prefill, fleet.store.snapshot(NOW), fleet.deployments["prefill"])
+    assert (rec.coverage.healthy, rec.coverage.problems, rec.coverage.complete) == (2, (), True)
+    assert rec.load.queued_prefill_tokens == 100
