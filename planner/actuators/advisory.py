@@ -49,6 +49,9 @@ class AdvisoryActuator:
         self._lock = threading.Lock()
         self.history: deque[ScaleOutcome] = deque(maxlen=history_size)
 
+    def replica_bounds(self) -> Mapping[str, ReplicaBounds]:
+        return dict(self._bounds)
+
     def status(self) -> Mapping[str, ServiceStatus]:
         if self._reader is not None:
             return self._reader.status()

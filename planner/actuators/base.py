@@ -19,9 +19,10 @@ Contract
   (``OutcomeKind.CURRENT_MISMATCH``, ``applied=False``, nothing written): the planner never overwrites a count
   it has not seen. The Kubernetes actuator also writes with the read ``resourceVersion`` as a precondition, so a
   change between its read and its write is a 409, re-read and compared again.
-* Every actuator holds a hard sanity bound per service (:class:`ReplicaBounds`) and never writes a count
-  outside it: such a request comes back ``OutcomeKind.OUT_OF_BOUNDS`` with ``applied=False``, nothing written.
-  The decision core clamps first; this bound is the last line of defence, not a clamp.
+* Every actuator holds a hard sanity bound per service (:class:`ReplicaBounds`), offered by its optional
+  ``replica_bounds()`` (see :func:`replica_bounds`), and never writes a count outside it: such a request comes
+  back ``OutcomeKind.OUT_OF_BOUNDS`` with ``applied=False``, nothing written. The decision core decides within
+  it (the service hands it over at start); this bound is the last line of defence, not a clamp.
 * ``outcome.transient`` says whether trying again later may succeed (conflict, throttling, server error,
   timeout, deployment not ready); ``outcome.retry_after_s`` is the server's Retry-After when it sent one.
 
@@ -70,6 +71,7 @@ __all__ = [
     "UnknownServiceError",
     "check_bounds",
     "check_expected",
+    "replica_bounds",
 ]
 
 
@@ -262,6 +264,13 @@ def check_expected(request: ScaleRequest, current: int, target: str = "") -> Sca
         previous=current,
         target=target,
     )
+
+
+def replica_bounds(actuator: object) -> Mapping[str, ReplicaBounds]:
+    """The hard bound of every service ``actuator`` manages, from its optional ``replica_bounds()`` method
+    (empty when it has none). The service hands them to the core so the two never disagree."""
+    method = getattr(actuator, "replica_bounds", None)
+    return {} if method is None else dict(method())
 
 
 # ------------------------------------------------------------------------------------------------ protocol

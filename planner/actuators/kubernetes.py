@@ -205,6 +205,10 @@ class KubernetesActuator:
     def targets(self) -> Mapping[str, ScaleTarget]:
         return self._targets
 
+    def replica_bounds(self) -> Mapping[str, ReplicaBounds]:
+        """Each target's hard bound, by service."""
+        return {service: t.bounds for service, t in self._targets.items()}
+
     # ------------------------------------------------------------------------------------------------ status
     def status(self) -> Mapping[str, ServiceStatus]:
         return {service: self._status_of(target) for service, target in self._targets.items()}

@@ -11,13 +11,20 @@ is not the role's desired count (``CURRENT_MISMATCH``).
 
 from __future__ import annotations
 
-from planner.actuators.base import ScaleOutcome, ScaleRequest, check_expected
+from collections.abc import Mapping
+
+from planner.actuators.base import ReplicaBounds, ScaleOutcome, ScaleRequest, check_expected
 from planner.sim.realtime import SimFleetActuator
 
 __all__ = ["LocalActuator"]
 
 
 class LocalActuator(SimFleetActuator):
+    def replica_bounds(self) -> Mapping[str, ReplicaBounds]:
+        fleet = self.replay.fleet
+        bound = ReplicaBounds(min_replicas=0, max_replicas=self.max_replicas)
+        return {fleet.service_name(role): bound for role in fleet.config.roles}
+
     def scale(self, request: ScaleRequest) -> ScaleOutcome:
         role = self._role(request.service)
         with self.replay.lock:  # re-entrant: the write below takes it again

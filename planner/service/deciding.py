@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from perf_model.api import PerfPredictor
-from planner.actuators.base import ScaleRequest, ServiceStatus
+from planner.actuators.base import ReplicaBounds, ScaleRequest, ServiceStatus
 from planner.core import (
     Action,
     Bounds,
@@ -35,7 +35,7 @@ from planner.service.history import DecisionEntry, History
 from planner.service.metrics import PlannerMetrics
 from planner.service.schemas import BoundsResponse, RoleBoundsView
 
-__all__ = ["Decider", "PlannedScale"]
+__all__ = ["Decider", "PlannedScale", "agree_bounds"]
 
 
 class PlannedScale(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,6 +188,24 @@ class Decider:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         return self.bounds()
+
+
+def agree_bounds(config: CoreConfig, by_service: Mapping[str, ReplicaBounds]) -> CoreConfig:
+    """``config`` deciding within the actuator's hard bounds too: every role whose deployment service
+    (``core.roles.<role>.service`` or ``services``) the actuator bounds gets them as its actuator bounds, so the
+    core's effective bounds are the intersection (a count past the actuator's max is capped there,
+    ``capped_by_actuator_bounds``; never refused every tick). Raises ConfigError when a role's bounds and its
+    actuator's do not intersect: such a configuration is refused at start."""
+    bounds: dict[Role, RoleBounds] = {}
+    for role in Role:
+        service = config.role(role).service
+        hard = None if service is None else by_service.get(service)
+        if hard is not None:
+            bounds[role] = RoleBounds(min_replicas=hard.min_replicas, max_replicas=hard.max_replicas)
+    try:
+        return config.with_actuator_bounds(bounds)
+    except ValueError as exc:
+        raise ConfigError(f"bounds: the decision core's and the actuator's do not agree: {exc}") from exc
 
 
 def _given(value: int | None, default: int) -> int:

@@ -40,7 +40,7 @@ import msgspec
 
 from perf_model.api import PerfPredictor
 from perf_model.model import PerfModel
-from planner.actuators.base import Actuator, ScaleRequest, ServiceStatus
+from planner.actuators.base import Actuator, ScaleRequest, ServiceStatus, replica_bounds
 from planner.core import CoreConfig, CoreState, Decision, Observation, Traffic
 from planner.core import load_config as load_core_config
 from planner.discovery import Discovery, EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
@@ -51,7 +51,7 @@ from planner.service.actuation import Actuation, ActuatorErrorEntry, Gate
 from planner.service.auth import Credentials, load_credentials
 from planner.service.config import ServiceConfig
 from planner.service.deadline import DeadlineMissed, OffLoop, TickHold
-from planner.service.deciding import Decider
+from planner.service.deciding import Decider, agree_bounds
 from planner.service.diagnostics_view import DiagnosticsView, TickFigures
 from planner.service.history import DecisionEntry, History, OutcomeEntry
 from planner.service.metrics import PlannerMetrics
@@ -123,7 +123,10 @@ class PlannerRunner:
             to_wall=self.to_wall,
             on_change=self.subscriber.set_workers,
         )
-        self.decider = Decider(load_core_config(config.core_config_data()))
+        core_config = load_core_config(config.core_config_data())
+        if actuator is not None:  # the core's effective bounds never exceed the actuator's (else: refused here)
+            core_config = agree_bounds(core_config, replica_bounds(actuator))
+        self.decider = Decider(core_config)
         self.store.traffic = self.decider.fpm_traffic  # the FPM traffic extension feeds the decider's windows
         self.perf = PerfFeed(config.perf_model)
         self.actuation = Actuation(
