@@ -35,6 +35,7 @@ from nats.errors import SlowConsumerError
 
 from planner.discovery import WorkerRecord
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
+from planner.ingest.subscriber import LinkStats, LinkTotals
 from planner.transport.subjects import namespace_wildcard, subject
 from worker_shim import fpm
 
@@ -137,6 +138,27 @@ class NatsFpmSource:
     @property
     def connected(self) -> bool:
         return self._subscribed.is_set()
+
+    def link_totals(self) -> LinkTotals:
+        """The NATS connection's counters in the ZMQ subscriber's terms (one link: the connection to NATS)."""
+        return LinkTotals(disconnects=self.disconnects, reconnects=max(0, self.connects - 1))
+
+    def troubled_links(self, limit: int = 50) -> list[LinkStats]:
+        """The NATS connection, when it is down or ever dropped (the ZMQ subscriber lists endpoints)."""
+        if limit < 1 or (self.connected and not self.disconnects):
+            return []
+        stats = LinkStats(
+            endpoint=",".join(self.servers),
+            connected=self.connected,
+            connections=self.connects,
+            disconnects=self.disconnects,
+            reconnects=max(0, self.connects - 1),
+            connect_retries=0,
+            protocol_errors=0,
+            socket_replacements=0,
+            backoff_s=0.0,
+        )
+        return [stats]
 
     # -- receive ---------------------------------------------------------------------------------------------
 

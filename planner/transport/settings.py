@@ -19,8 +19,9 @@ import msgspec
 from planner.discovery import WorkerRecord
 from planner.errors import ConfigError
 from planner.ingest.store import FleetSnapshot, FleetStore
-from planner.ingest.subscriber import FpmSubscriber
+from planner.ingest.subscriber import FpmSubscriber, LinkStats, LinkTotals
 from planner.transport.nats_source import NatsFpmSource
+from worker_shim.curve import CurveClientKeys
 
 __all__ = ["IngestSource", "NatsSettings", "Transport", "make_ingest_source"]
 
@@ -56,13 +57,23 @@ class IngestSource(Protocol):
 
     def close(self) -> None: ...
 
+    def link_totals(self) -> LinkTotals: ...
+
+    def troubled_links(self, limit: int = 50) -> list[LinkStats]: ...
+
 
 def make_ingest_source(
-    store: FleetStore, transport: Transport, nats: NatsSettings, *, max_msg_bytes: int
+    store: FleetStore,
+    transport: Transport,
+    nats: NatsSettings,
+    *,
+    max_msg_bytes: int,
+    curve: CurveClientKeys | None = None,
 ) -> IngestSource:
-    """The source ``transport`` names; raises :class:`ConfigError` for NATS settings that cannot work."""
+    """The source ``transport`` names (``curve``: the ZMQ path's CURVE keys; NATS authenticates by user);
+    raises :class:`ConfigError` for NATS settings that cannot work."""
     if transport is Transport.ZMQ:
-        return FpmSubscriber(store, max_msg_bytes=max_msg_bytes)
+        return FpmSubscriber(store, max_msg_bytes=max_msg_bytes, curve=curve)
     if not nats.servers or not nats.namespace:
         raise ConfigError("ingest.nats: servers and namespace must not be empty with transport: nats")
     password = None

@@ -216,6 +216,9 @@ def test_after_a_server_restart_ingest_resumes_and_the_gap_is_counted(server: Na
         assert view.gaps >= 1 and view.lost_samples >= 5  # what was lost is counted, not silently skipped
         assert view.restarts == 0  # the same publisher run carried on
         assert src.disconnects >= 1 and src.connects >= 2
+        totals = src.link_totals()  # in the ZMQ subscriber's terms, for /metrics and diagnostics
+        assert totals.disconnects == src.disconnects and totals.reconnects >= 1
+        assert [link.endpoint for link in src.troubled_links()] == [server.url]
         assert store.drops[DropReason.OVERSIZED] == 0 and store.drops[DropReason.OUT_OF_ORDER] == 0
     worker.close()
 
