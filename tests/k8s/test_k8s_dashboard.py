@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from planner.core import Traffic
 from planner.core.decision import Coverage
 from planner.discovery import Role
+from planner.ingest.subscriber import LinkTotals
 from planner.service.metrics import PlannerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "fpm-planner.json"
@@ -37,6 +39,12 @@ def exported_names() -> set[str]:
     metrics.observe_drops({"unknown_worker": 1})
     metrics.observe_outcome("applied", service="decode")
     metrics.observe_tick(leader=True, completed_at_s=1.0)
+    metrics.observe_links(LinkTotals(disconnects=1, reconnects=1, backing_off=1))
+    metrics.observe_traffic(
+        "decode",
+        Traffic(request_rate_per_s=2.0, ttft_ms_p90=100.0, itl_ms_p90=20.0, isl_tokens_p50=100.0,
+                osl_tokens_p50=10.0, ttft_attainment_frac=1.0),
+    )  # fmt: skip
     metrics.set_paused("decode", False)
     metrics.tick_duration_seconds.observe(0.01)
     text = metrics.render().decode()
