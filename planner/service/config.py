@@ -34,6 +34,7 @@ import yaml
 
 from planner.errors import ConfigError
 from planner.ingest.store import FpmLimits
+from planner.transport.settings import NatsSettings, Transport
 from worker_shim.curve import CurveClientKeys
 
 __all__ = [
@@ -85,6 +86,8 @@ class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     window_size: PositiveInt = 256
     max_msg_bytes: PositiveInt = 64 * 1024
     limits: FpmLimits = FpmLimits()  # plausibility limits on FPM counts (beyond one: dropped as invalid_value)
+    transport: Transport = Transport.ZMQ  # zmq: one SUB per endpoint (default) | nats: see docs/fleet_scale.md
+    nats: NatsSettings = NatsSettings()  # with transport: nats (servers, namespace, user, password_file)
     curve_server_public_key_file: str | None = None  # CURVE on the FPM link: the publishers' server key certificate
     curve_client_secret_key_file: str | None = None  # the planner's own keypair (None: drawn at start)
 

@@ -14,13 +14,13 @@ from typing import Any
 import msgspec
 
 from planner.discovery import Role
-from planner.ingest.subscriber import FpmSubscriber
 from planner.ingest.traffic import traffic_to_builtins
 from planner.service.actuation import Actuation
 from planner.service.deciding import Decider
 from planner.service.history import DecisionEntry, History
 from planner.service.perf_feed import PerfFeed
 from planner.service.registry import WorkerRegistry
+from planner.transport.settings import IngestSource
 
 __all__ = ["DiagnosticsView", "TickFigures"]
 
@@ -42,7 +42,7 @@ class DiagnosticsView:
     def __init__(
         self,
         *,
-        subscriber: FpmSubscriber,
+        subscriber: IngestSource,
         registry: WorkerRegistry,
         decider: Decider,
         actuation: Actuation,

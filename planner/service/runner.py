@@ -46,7 +46,6 @@ from planner.core import load_config as load_core_config
 from planner.discovery import Discovery, EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
 from planner.errors import ActuatorError, ConfigError, LeaseError
 from planner.ingest.store import FleetSnapshot, FleetStore
-from planner.ingest.subscriber import FpmSubscriber
 from planner.service.actuation import Actuation, ActuatorErrorEntry, Gate
 from planner.service.auth import Credentials, load_credentials
 from planner.service.config import ServiceConfig
@@ -61,6 +60,7 @@ from planner.service.registry import EndpointConflictError, Registration, Worker
 from planner.service.schemas import BoundsResponse, ExplainResponse, WhatIfResponse, WorkersResponse
 from planner.service.state_store import RuntimeState, StateStore
 from planner.service.views import explain, what_if_decisions, what_if_inputs
+from planner.transport.settings import IngestSource, make_ingest_source
 
 __all__ = [
     "ActuatorErrorEntry",
@@ -112,9 +112,14 @@ class PlannerRunner:
         self.store = FleetStore(
             ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size, limits=config.ingest.limits
         )
-        # The subscriber owns its ZMQ context, with the socket limit raised for large fleets.
-        self.subscriber = FpmSubscriber(
-            self.store, max_msg_bytes=config.ingest.max_msg_bytes, curve=config.ingest.curve_keys()
+        # ZMQ (default): the subscriber owns its ZMQ context, with the socket limit raised for large fleets.
+        # NATS (ingest.transport: nats): the same store fed from NATS subjects (planner.transport).
+        self.subscriber: IngestSource = make_ingest_source(
+            self.store,
+            config.ingest.transport,
+            config.ingest.nats,
+            max_msg_bytes=config.ingest.max_msg_bytes,
+            curve=config.ingest.curve_keys(),
         )
         self.registry = WorkerRegistry(
             config.discovery,

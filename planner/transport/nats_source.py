@@ -143,10 +143,8 @@ class NatsFpmSource:
         """The NATS connection's counters in the ZMQ subscriber's terms (one link: the connection to NATS)."""
         return LinkTotals(disconnects=self.disconnects, reconnects=max(0, self.connects - 1))
 
-    def troubled_links(self, limit: int = 50) -> list[LinkStats]:
-        """The NATS connection, when it is down or ever dropped (the ZMQ subscriber lists endpoints)."""
-        if limit < 1 or (self.connected and not self.disconnects):
-            return []
+    def links(self) -> dict[str, LinkStats]:
+        """The NATS connection as the one link (keyed by the server URLs), in the ZMQ subscriber's terms."""
         stats = LinkStats(
             endpoint=",".join(self.servers),
             connected=self.connected,
@@ -158,7 +156,13 @@ class NatsFpmSource:
             socket_replacements=0,
             backoff_s=0.0,
         )
-        return [stats]
+        return {stats.endpoint: stats}
+
+    def troubled_links(self, limit: int = 50) -> list[LinkStats]:
+        """The NATS connection, when it is down or ever dropped (the ZMQ subscriber lists endpoints)."""
+        if limit < 1 or (self.connected and not self.disconnects):
+            return []
+        return list(self.links().values())
 
     # -- receive ---------------------------------------------------------------------------------------------
 
