@@ -331,7 +331,9 @@ def test_a_one_token_kv_capacity_is_a_known_capacity(path: str) -> None:
     fleet = Fleet()
     fleet.add("decode-0", Role.DECODE, capacity=EngineCapacity(kv_capacity_tokens=1))
     fleet.deploy("decode", desired=1)
-    assert run(fleet, path).kv_capacity_tokens == 1.0
+    assert run(fleet, path).kv_capacity_tokens == 1.0  # silent: classified one by one
+    fleet.publish("decode-0", NOW - 1, Load(decode=1))
+    assert run(fleet, path).kv_capacity_tokens == 1.0  # fresh: summed as arrays on the snapshot path
 
 
 def test_no_worker_at_all_means_one_engine_per_replica() -> None:
