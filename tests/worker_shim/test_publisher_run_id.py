@@ -14,7 +14,9 @@ from worker_shim.publisher import FpmPublisher
 def _read(sub: zmq.Socket[bytes], pub: FpmPublisher, want: int) -> list[fpm.ForwardPassMetrics]:
     got: list[fpm.ForwardPassMetrics] = []
     deadline = time.monotonic() + 20
-    while len(got) < want:
+    # at least ``want`` messages, samples among them: heartbeats every millisecond can fill ``want`` on their own
+    # while a loaded machine delays the first sample past the subscription (the slow joiner loses it)
+    while len(got) < want or all(m.is_heartbeat for m in got):
         assert time.monotonic() < deadline, "publisher messages not received"
         pub.publish(0.01, ScheduledRequests(num_decode_requests=1), QueuedRequests())
         while sub.poll(10):
