@@ -167,3 +167,27 @@ def test_a_failover_keeps_the_pause_and_a_read_token_cannot_mutate() -> None:
             assert held[0]["requested"] == 3
             assert emu.get("deployments", NS, "decode")["spec"]["replicas"] == 2  # type: ignore[index]
             wait_for(lambda: first.http.get("/v1/bounds").json()["roles"]["decode"]["min_replicas"] == 3)
+
+
+def test_a_blind_service_gets_its_fallback_once_with_an_event() -> None:
+    with K8sApiEmulator() as emu:
+        emu.put(deployment("decode", 2))
+        for i in range(2):  # discovered and ready, but no FPM: blind
+            emu.put(pod(f"decode-{i}", free_port(), ready=True))
+        fallback = {"replicas": {"decode": 4}, "after_s": 0.5}
+        runner, pieces = build_runner(config(emu, fallback=fallback), {"POD_NAME": "planner-0"})
+        pieces.start()
+        try:
+            with serve_runner(runner) as served:
+                event = wait_for(lambda: events(emu).get("FallbackApplied"))
+                assert "fallback_replicas=4 -> 4" in event.note and event.type == "Warning"
+                wait_for(lambda: emu.get("deployments", NS, "decode")["spec"]["replicas"] == 4)  # type: ignore[index]
+                applied = [
+                    o
+                    for o in served.http.get("/v1/outcomes").json()["outcomes"]
+                    if o["kind"] == "applied" and o["decision_id"] is None
+                ]
+                assert [o["requested"] for o in applied] == [4]  # once per blind spell
+                wait_for(lambda: conditions(emu)[ConditionType.FALLBACK].status == "True")
+        finally:
+            pieces.stop()
