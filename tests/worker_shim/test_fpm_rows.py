@@ -156,3 +156,55 @@ def test_malformed_frames_say_what_is_wrong(parts: list[bytes], message: str) ->
     with pytest.raises(fpm.FpmFrameError) as caught:
         fpm.parse_frames(parts)
     assert str(caught.value) == message
+
+
+def hist(count: int = 1, total: float = 5.0, buckets: dict[int, int] | None = None) -> fpm.LogHistogram:
+    return fpm.LogHistogram(count=count, sum=total, buckets={3: 1} if buckets is None else buckets)
+
+
+@dataclass
+class TrafficRow:
+    name: str
+    arrivals: fpm.LogHistogram
+    bad: bool
+
+
+TRAFFIC_ROWS = [
+    TrafficRow("a consistent histogram is valid", hist(), False),
+    TrafficRow("bucket 0 (values below 1) is a valid bucket", hist(buckets={0: 1}), False),
+    TrafficRow("the last bucket is a valid bucket", hist(buckets={fpm.HIST_MAX_BUCKET: 1}), False),
+    TrafficRow("past the last bucket is not", hist(buckets={fpm.HIST_MAX_BUCKET + 1: 1}), True),
+    TrafficRow("a negative bucket is not", hist(buckets={-1: 1}), True),
+    TrafficRow("a bucket count of 0 is not (empty buckets are not sent)", hist(count=1, buckets={3: 1, 4: 0}), True),
+    TrafficRow("bucket counts must add up to the count", hist(count=2, buckets={3: 1}), True),
+    TrafficRow("a NaN sum is not valid", hist(total=math.nan), True),
+    TrafficRow("a negative sum is not valid", hist(total=-1.0), True),
+    TrafficRow("a zero sum is valid", hist(total=0.0, buckets={0: 1}), False),
+    TrafficRow("a negative count is not valid", hist(count=-1, buckets={}), True),
+]
+
+
+@pytest.mark.parametrize("row", TRAFFIC_ROWS, ids=[r.name for r in TRAFFIC_ROWS])
+def test_traffic_extension_validity(row: TrafficRow) -> None:
+    s = sample(wall_time=0.01, traffic=fpm.StepTraffic(arrivals=row.arrivals, ttft_ms=hist()))
+    assert fpm.invalid_fields(s) == (("traffic.arrivals",) if row.bad else ())
+
+
+def test_bucket_bounds_start_at_zero_and_double_every_16_buckets() -> None:
+    assert fpm.bucket_bounds(0) == (0.0, 1.0)
+    assert fpm.bucket_bounds(-3) == (0.0, 1.0)
+    assert fpm.bucket_bounds(1) == (1.0, 2.0 ** (1 / 16))
+    assert fpm.bucket_bounds(17) == (2.0, 2.0 ** (17 / 16))
+    assert fpm.bucket_index(1.0) == 1 and fpm.bucket_index(0.99) == 0 and fpm.bucket_index(2.0) == 17
+
+
+def test_a_heartbeat_carries_its_run_id() -> None:
+    assert fpm.heartbeat("w", 0, 5, run_id=77).run_id == 77
+    assert fpm.heartbeat("w", 0, 5).run_id == 0
+
+
+def test_a_decode_error_names_the_version_and_the_cause() -> None:
+    with pytest.raises(fpm.FpmDecodeError) as info:
+        fpm.decode(b"\xc1")
+    message = str(info.value)
+    assert message.startswith("not an FPM v1 payload: ") and "malformed" in message
