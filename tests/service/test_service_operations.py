@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,13 @@ from tests.fakes.leader import SwitchableElector
 from tests.k8s.k8s_support import NS, deployment
 from tests.service.support import AUTH, TOKEN, free_port, make_config, registration, serve_runner, wait_for
 from tests.service.test_service_kubernetes import pod
+from worker_shim.fpm import QueuedRequests, ScheduledRequests
+from worker_shim.publisher import FpmPublisher
 
 pytestmark = pytest.mark.kubernetes
 
 READ_TOKEN = "read-token-0123456789abcdef0123456789"
+PROFILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
 
 def config(emu: K8sApiEmulator, **operations: Any) -> ServiceConfig:
@@ -191,3 +195,41 @@ def test_a_blind_service_gets_its_fallback_once_with_an_event() -> None:
                 wait_for(lambda: conditions(emu)[ConditionType.FALLBACK].status == "True")
         finally:
             pieces.stop()
+
+
+def test_capped_at_max_with_a_predicted_miss_is_an_event_a_condition_and_a_gauge() -> None:
+    with K8sApiEmulator() as emu:
+        emu.put(deployment("decode", 1))
+        base = config(emu)
+        sla_core = {"roles": {"decode": {"service": "decode", "mode": "sla", "sla": {"itl_ms": 30}, "max_replicas": 1}}}
+        perf = msgspec.structs.replace(base.perf_model, profile_dir=str(PROFILE))  # the measured profile: ready
+        runner, _ = build_runner(msgspec.structs.replace(base, core=sla_core, perf_model=perf), {})  # pods: none
+        port = free_port()
+        endpoint = f"tcp://127.0.0.1:{port}"
+        with (
+            serve_runner(runner) as served,
+            FpmPublisher(worker_id="w-0", endpoint=endpoint, heartbeat_interval_s=0.05) as publisher,
+        ):
+            served.http.put("/v1/workers/w-0", json=registration([endpoint]), headers=AUTH).raise_for_status()
+            stop = threading.Event()
+
+            def feed() -> None:  # a decode engine far beyond what one replica serves within 30 ms ITL
+                while not stop.wait(0.02):
+                    publisher.publish(
+                        0.03,
+                        ScheduledRequests(num_decode_requests=200, sum_decode_kv_tokens=200_000),
+                        QueuedRequests(num_decode_requests=50),
+                    )
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+            try:
+                event = wait_for(lambda: events(emu).get("CappedAtMaxWithPredictedMiss"))
+                assert event.type == "Warning" and "capped at max_replicas=1 while the SLA needs" in event.note
+                limited = wait_for(lambda: conditions(emu).get(ConditionType.SCALING_LIMITED))
+                assert limited.reason == "TooManyReplicas" and "predicted to be missed" in limited.message
+                metrics = served.http.get("/metrics").text
+                assert 'fpm_planner_capped_at_max_predicted_miss{role="decode",service="decode"} 1.0' in metrics
+            finally:
+                stop.set()
+                feeder.join(5)
