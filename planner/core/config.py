@@ -93,8 +93,8 @@ class ScaleRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         )
 
 
-def _default_scale_up() -> ScaleRules:
-    # HPA default: max(+100%, +4 pods) per 15 s, no stabilization.
+def hpa_scale_up() -> ScaleRules:
+    """Kubernetes HPA's default scale-up: max(+100 %, +4 pods) per 15 s, no stabilization."""
     return ScaleRules(
         stabilization_window_s=0.0,
         policies=(
@@ -104,10 +104,29 @@ def _default_scale_up() -> ScaleRules:
     )
 
 
-def _default_scale_down() -> ScaleRules:
-    # HPA default: 100% per 15 s, stabilization over the last 300 s.
+def hpa_scale_down() -> ScaleRules:
+    """Kubernetes HPA's default scale-down: 100 % per 15 s, stabilization over the last 300 s."""
     return ScaleRules(
         stabilization_window_s=300.0,
+        policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),),
+    )
+
+
+def _default_scale_up() -> ScaleRules:
+    # Shipped default: the whole recommendation at once. A replica takes a start-up to serve and no action stacks
+    # while one is in flight (unless the rate grew), so capping a scale-up at +100 % per 15 s only delays
+    # capacity by whole start-ups.
+    return ScaleRules(
+        stabilization_window_s=0.0,
+        policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),),
+    )
+
+
+def _default_scale_down() -> ScaleRules:
+    # Shipped default: 100 % per 15 s; the window is two start-ups (RoleConfig.scale_down_window_startups), 120 s
+    # with a 60 s cold start: a scale-down made on a dip costs one start-up to undo.
+    return ScaleRules(
+        stabilization_window_s=120.0,
         policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),),
     )
 
@@ -172,7 +191,7 @@ class ForecastConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     from the load-based recommendation (current rate / recommended replicas).
     """
 
-    method: ForecastMethod = ForecastMethod.NONE
+    method: ForecastMethod = ForecastMethod.HOLT  # shipped default: Holt's trend, one start-up (60 s) ahead
     horizon_s: float = 60.0
     history_s: float = 600.0
     alpha: float = 0.5  # Holt level smoothing
@@ -202,11 +221,12 @@ class SlaFeedbackConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     headroom from the observed attainment (``Traffic.ttft_attainment_frac`` / ``itl_attainment_frac``).
 
     - ``attainment_goal``: the fraction of requests that must meet each target.
-    - ``gain_per_s``: headroom added per second per unit of attainment shortfall (0.03: 90 % observed against a
-      99 % goal tightens by 0.16 of the target per minute).
+    - ``gain_per_s``: headroom added per second per unit of attainment shortfall (0.3: 95 % observed against a
+      99 % goal tightens by 0.06 of the target per 5 s tick). Chosen on the replays (docs/benchmarks.md:
+      Mooncake x5 96.7 / 98.2 / 98.8 % attainment at 0.03 / 0.1 / 0.3).
     - ``relax_gain_ratio``: relaxing (attainment above the goal) integrates this fraction of the gain: the loop
       probes for spare capacity slowly, since each probe below the boundary costs misses (100 % observed relaxes
-      by 0.0018 of the target per minute).
+      by 0.018 of the target per minute).
     - ``min_samples``: requests an attainment must rest on before it moves the correction.
     - ``max_tighten_frac`` / ``max_relax_frac``: the correction stays in ``[-max_relax_frac, max_tighten_frac]``
       (anti-windup; the total headroom also stays below 0.95).
@@ -216,7 +236,7 @@ class SlaFeedbackConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     enabled: bool = True
     attainment_goal: float = 0.99
-    gain_per_s: float = 0.03
+    gain_per_s: float = 0.3
     relax_gain_ratio: float = 0.1
     min_samples: int = 20
     max_tighten_frac: float = 0.6
@@ -288,7 +308,7 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # When set, the scale-down stabilization window is this many start-ups (measured, else startup_s) instead of
     # scale_down.stabilization_window_s: capacity released on a dip costs one start-up to buy back, so a faster
     # start-up (snapshot restore) makes the planner leaner by itself.
-    scale_down_window_startups: float | None = None
+    scale_down_window_startups: float | None = 2.0
     # An in-flight scale-up's target may be raised (in_flight_target_raised) when the request rate grew by at least
     # this fraction since it was decided, in proportion to that growth; None: never (no stacking at all).
     in_flight_raise_rate_growth_frac: float | None = 0.2
@@ -302,7 +322,9 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # SLA mode: the ITL check's own headroom (None: headroom_frac). The models predict the MEAN ITL of an engine's
     # sequences while the SLA is per request: the spread of request ITLs around that mean (a short request
     # decoding through a long prompt's chunks) is ITL-specific, so it gets its own margin.
-    itl_headroom_frac: float | None = None
+    # Shipped default 0.7 (the predicted mean ITL within 30 % of the target), the margin the closed loop
+    # (sla_feedback) corrects from the observed attainment in either direction.
+    itl_headroom_frac: float | None = 0.7
 
     def __post_init__(self) -> None:
         _need(

@@ -5,12 +5,45 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from planner.core import CoreConfig, CoreState, Decision, DeploymentStatus, Observation, Traffic, step
+from planner.core import (
+    CoreConfig,
+    CoreState,
+    Decision,
+    DeploymentStatus,
+    ForecastConfig,
+    ForecastMethod,
+    Observation,
+    RoleConfig,
+    Traffic,
+    step,
+)
+from planner.core.config import hpa_scale_down, hpa_scale_up
 from planner.discovery import EngineCapacity, Role, WorkerRecord, default_endpoints
 from planner.ingest.store import FleetStore
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
-__all__ = ["Fleet", "Load"]
+__all__ = ["Fleet", "Load", "hpa_config", "hpa_role"]
+
+
+def hpa_role(**kw: object) -> RoleConfig:
+    """A role config with Kubernetes HPA's behaviour (max(+100 %, +4) per 15 s up, 300 s window down, no forecast
+    floor, no ITL margin): what the tests of the clamps and the safety rules are written against, whatever the
+    shipped defaults are."""
+    fields: dict[str, object] = {
+        "scale_up": hpa_scale_up(),
+        "scale_down": hpa_scale_down(),
+        "scale_down_window_startups": None,
+        "itl_headroom_frac": None,
+        "forecast": ForecastConfig(method=ForecastMethod.NONE),
+    }
+    fields.update(kw)
+    return RoleConfig(**fields)  # type: ignore[arg-type]
+
+
+def hpa_config(**kw: object) -> CoreConfig:
+    """:func:`hpa_role` for every role."""
+    return CoreConfig(roles={role: hpa_role() for role in Role}, **kw)  # type: ignore[arg-type]
+
 
 CAPACITY = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=8192, kv_capacity_tokens=100_000)
 

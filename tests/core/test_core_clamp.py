@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from planner.core import PolicyKind, Reason, RoleConfig, ScaleRules, ScalingPolicy, SelectPolicy
+from planner.core import PolicyKind, Reason, ScaleRules, ScalingPolicy, SelectPolicy
 from planner.core.clamp import BudgetAsk, apply_bounds, apply_gpu_budget, rate_limit, stabilize
+from planner.core.config import hpa_scale_down, hpa_scale_up
 
-UP = RoleConfig().scale_up  # max(+100%, +4) per 15 s
-DOWN = RoleConfig().scale_down  # -100% per 15 s, 300 s window
+UP = hpa_scale_up()  # max(+100%, +4) per 15 s
+DOWN = hpa_scale_down()  # -100% per 15 s, 300 s window
 
 
 @dataclass

@@ -12,6 +12,7 @@ from planner.core import (
     CoreConfig,
     CoreConfigError,
     ForecastConfig,
+    ForecastMethod,
     PolicyKind,
     RoleBounds,
     RoleConfig,
@@ -20,20 +21,31 @@ from planner.core import (
     ThresholdConfig,
     load_config,
 )
+from planner.core.config import hpa_scale_down, hpa_scale_up
 from planner.discovery import Role
 from planner.errors import ConfigError
 
 
-def test_defaults_are_hpa_behavior() -> None:
+def test_defaults_are_the_shipped_configuration() -> None:
+    """One shipped default (issue 13 item 6): what the replay's "ours", the service and the demo run with."""
     rc = CoreConfig().role(Role.DECODE)
     assert rc.scale_up.stabilization_window_s == 0
-    assert {(p.kind, p.value, p.period_s) for p in rc.scale_up.policies} == {
+    assert [(p.kind, p.value, p.period_s) for p in rc.scale_up.policies] == [(PolicyKind.PERCENT, 900.0, 15.0)]
+    assert rc.scale_down.stabilization_window_s == 120 and rc.scale_down_window_startups == 2.0
+    assert [(p.kind, p.value, p.period_s) for p in rc.scale_down.policies] == [(PolicyKind.PERCENT, 100.0, 15.0)]
+    assert rc.forecast.method == ForecastMethod.HOLT and rc.forecast.horizon_s == 60.0
+    assert rc.itl_headroom_frac == 0.7 and rc.headroom_frac == 0.0 and rc.sla_feedback.enabled
+    assert rc.startup_s == 60.0
+    assert set(CoreConfig().roles) == set(Role)
+
+
+def test_hpa_behaviour_stays_available() -> None:
+    up, down = hpa_scale_up(), hpa_scale_down()
+    assert {(p.kind, p.value, p.period_s) for p in up.policies} == {
         (PolicyKind.PERCENT, 100.0, 15.0),
         (PolicyKind.REPLICAS, 4.0, 15.0),
     }
-    assert rc.scale_down.stabilization_window_s == 300
-    assert [(p.kind, p.value, p.period_s) for p in rc.scale_down.policies] == [(PolicyKind.PERCENT, 100.0, 15.0)]
-    assert set(CoreConfig().roles) == set(Role)
+    assert down.stabilization_window_s == 300
 
 
 BAD: list[tuple[str, dict[str, Any], str]] = [

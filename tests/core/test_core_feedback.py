@@ -63,7 +63,11 @@ def _decode_fleet(n: int) -> Fleet:
 
 def _config(**kw: object) -> CoreConfig:
     return CoreConfig(
-        roles={Role.DECODE: RoleConfig(mode=Mode.SLA, sla=SlaTargets(ttft_ms=500, itl_ms=50), max_replicas=16, **kw)}
+        roles={
+            Role.DECODE: RoleConfig(
+                mode=Mode.SLA, sla=SlaTargets(ttft_ms=500, itl_ms=50), max_replicas=16, itl_headroom_frac=None, **kw
+            )
+        }
     )
 
 
@@ -103,7 +107,11 @@ def test_the_correction_is_a_stage_with_a_reason_and_its_state_is_kept() -> None
     for now in (0.0, 5.0):
         fleet.publish_all(now, Load(decode=600))
         state, decisions = fleet.tick(
-            state, now, _config(), {Role.DECODE: observed(0.5)}, predictors={Role.DECODE: perf}
+            state,
+            now,
+            _config(sla_feedback=SlaFeedbackConfig(gain_per_s=0.03)),
+            {Role.DECODE: observed(0.5)},
+            predictors={Role.DECODE: perf},
         )
     d = decisions["decode"]
     stage = d.stage(Stage.SLA_FEEDBACK)

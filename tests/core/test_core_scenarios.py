@@ -23,12 +23,11 @@ from planner.core import (
     Decision,
     Mode,
     Reason,
-    RoleConfig,
     WorkerStatus,
 )
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, hpa_config, hpa_role
 
 TICK_S = 5.0
 LOW_DECODE = Load(decode=160, kv=16_000)  # a role total that needs 1 replica (0.78 of the decode batch target)
@@ -120,7 +119,7 @@ def decode_fleet(n: int, *, dp: int = 1, **role: Any) -> Callable[[], tuple[Flee
         fleet = Fleet()
         fleet.add_many(n, Role.DECODE, dp=dp)
         fleet.deploy("decode", n)
-        return fleet, CoreConfig(roles={Role.DECODE: RoleConfig(**role)})
+        return fleet, CoreConfig(roles={Role.DECODE: hpa_role(**role)})
 
     return build
 
@@ -195,7 +194,8 @@ def stray_check(tl: Timeline) -> None:
     down = tl.first("decode", Action.SCALE_DOWN)
     assert down is not None and down.at == 300 and down.final_replicas == 1
     assert down.coverage.complete and down.coverage.unknown_worker_drops >= 60
-    assert all(Reason.UNKNOWN_WORKER_SAMPLES in d.reasons for d in tl.decisions("decode"))
+    decisions = tl.decisions("decode")
+    assert decisions and all(Reason.UNKNOWN_WORKER_SAMPLES in d.reasons for d in decisions)
 
 
 def foreign_on_known_endpoint_feed(fleet: Fleet, t: float) -> None:
@@ -217,7 +217,7 @@ def pending_build(load_replicas: int) -> Callable[[], tuple[Fleet, CoreConfig]]:
         fleet = Fleet()
         fleet.add_many(3, Role.DECODE)
         fleet.deploy("decode", 4, ready=3)  # the fourth pod never schedules
-        return fleet, CoreConfig()
+        return fleet, hpa_config()
 
     return build
 
@@ -228,7 +228,7 @@ def pending_apply(fleet: Fleet, d: Decision) -> None:
 
 def pending_lowered(tl: Timeline) -> None:
     before = [d for d in tl.decisions("decode") if d.at < 300]
-    assert all(d.final_replicas == 4 for d in before)
+    assert before and all(d.final_replicas == 4 for d in before)
     lowered = tl.first("decode", Action.SCALE_DOWN)
     assert lowered is not None and lowered.at == 300 and lowered.final_replicas == 3
     assert Reason.PENDING_TARGET_LOWERED in lowered.reasons
@@ -248,7 +248,7 @@ def zero_build() -> tuple[Fleet, CoreConfig]:
     fleet = Fleet()
     fleet.add_many(6, Role.AGG)
     fleet.deploy("agg", 6)
-    return fleet, CoreConfig(roles={Role.AGG: RoleConfig(min_replicas=2)})
+    return fleet, CoreConfig(roles={Role.AGG: hpa_role(min_replicas=2)})
 
 
 def zero_check(tl: Timeline) -> None:
@@ -310,7 +310,7 @@ def budget_build(max_total_gpus: int) -> Callable[[], tuple[Fleet, CoreConfig]]:
         fleet.deploy("prefill", 2)
         fleet.deploy("decode", 4)
         return fleet, CoreConfig(
-            roles={Role.PREFILL: RoleConfig(gpus_per_replica=2), Role.DECODE: RoleConfig(gpus_per_replica=1)},
+            roles={Role.PREFILL: hpa_role(gpus_per_replica=2), Role.DECODE: hpa_role(gpus_per_replica=1)},
             max_total_gpus=max_total_gpus,
         )
 
@@ -343,7 +343,7 @@ def disagg_build() -> tuple[Fleet, CoreConfig]:
     fleet.add_many(3, Role.DECODE)
     fleet.deploy("prefill", 3)
     fleet.deploy("decode", 3)
-    return fleet, CoreConfig()
+    return fleet, hpa_config()
 
 
 def disagg_prefill_silent_feed(fleet: Fleet, t: float) -> None:
@@ -439,7 +439,7 @@ def not_ready_check(tl: Timeline) -> None:
 
 def sla_build() -> tuple[Fleet, CoreConfig]:
     fleet, _ = decode_fleet(2)()
-    return fleet, CoreConfig(roles={Role.DECODE: RoleConfig(mode=Mode.SLA)})
+    return fleet, CoreConfig(roles={Role.DECODE: hpa_role(mode=Mode.SLA)})
 
 
 def sla_check(tl: Timeline) -> None:

@@ -20,7 +20,6 @@ from planner.core import (
     Observation,
     Reason,
     RoleBounds,
-    RoleConfig,
     RoleLoad,
     SlaTargets,
     Stage,
@@ -30,7 +29,7 @@ from planner.core import (
 from planner.core.observation import ObservationError
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, hpa_config, hpa_role
 
 
 def decode_fleet(n: int = 4) -> Fleet:
@@ -47,7 +46,7 @@ def only(decisions: tuple[Decision, ...], service: str = "decode") -> Decision:
 def test_a_decision_encodes_to_json_with_every_stage_and_reason() -> None:
     fleet = decode_fleet()
     fleet.publish_all(0.0, Load(decode=160, kv=16_000))
-    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, CoreConfig())
+    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, hpa_config())
     doc = msgspec.json.decode(msgspec.json.encode(only(decisions)))
     assert doc["id"] == "1-decode" and doc["role"] == "decode" and doc["action"] == "hold"
     assert [s["stage"] for s in doc["stages"]] == [
@@ -69,11 +68,11 @@ def test_a_decision_encodes_to_json_with_every_stage_and_reason() -> None:
 def test_what_if_decides_under_a_given_load_and_leaves_the_state_alone() -> None:
     fleet = decode_fleet()
     fleet.publish_all(0.0, Load(decode=160, kv=16_000))
-    state, _ = step(CoreState(), fleet.observe(0.0), 0.0, CoreConfig())
+    state, _ = step(CoreState(), fleet.observe(0.0), 0.0, hpa_config())
     observation = msgspec.structs.replace(
         fleet.observe(5.0), load_override={Role.DECODE: RoleLoad(queued_decode_requests=10)}
     )
-    what_if_state, decisions = step(state, observation, 5.0, CoreConfig())
+    what_if_state, decisions = step(state, observation, 5.0, hpa_config())
     d = only(decisions)
     assert d.recommended_replicas == 10 and d.final_replicas == 8
     assert Reason.LOAD_OVERRIDDEN in d.reasons and d.inputs.overridden
@@ -82,7 +81,7 @@ def test_what_if_decides_under_a_given_load_and_leaves_the_state_alone() -> None
 
 def test_bounds_replaced_between_ticks_apply_on_the_next_tick() -> None:
     fleet = decode_fleet()
-    config = CoreConfig()
+    config = hpa_config()
     state = CoreState()
     fleet.publish_all(0.0, Load(decode=50, queued_decode=8))
     state, decisions = step(state, fleet.observe(0.0), 0.0, config)
@@ -100,14 +99,14 @@ def test_bounds_replaced_between_ticks_apply_on_the_next_tick() -> None:
 @pytest.mark.parametrize("now", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_now_is_refused(now: float) -> None:
     with pytest.raises(ObservationError, match="finite"):
-        step(CoreState(), decode_fleet().observe(0.0), now, CoreConfig())
+        step(CoreState(), decode_fleet().observe(0.0), now, hpa_config())
 
 
 def test_time_going_backwards_is_refused() -> None:
     fleet = decode_fleet()
-    state, _ = step(CoreState(), fleet.observe(10.0), 10.0, CoreConfig())
+    state, _ = step(CoreState(), fleet.observe(10.0), 10.0, hpa_config())
     with pytest.raises(ObservationError, match="backwards"):
-        step(state, fleet.observe(5.0), 5.0, CoreConfig())
+        step(state, fleet.observe(5.0), 5.0, hpa_config())
 
 
 def test_without_deployment_status_nothing_scales_down_but_a_scale_up_proceeds() -> None:
@@ -116,18 +115,18 @@ def test_without_deployment_status_nothing_scales_down_but_a_scale_up_proceeds()
     state = CoreState()
     for t in range(0, 400, 5):
         fleet.publish_all(float(t), Load(decode=10))
-        state, decisions = step(state, fleet.observe(float(t)), float(t), CoreConfig())
+        state, decisions = step(state, fleet.observe(float(t)), float(t), hpa_config())
         assert only(decisions).action == Action.HOLD
     assert Reason.DEPLOYMENT_STATUS_MISSING in only(decisions).reasons
     fleet.publish_all(400.0, Load(decode=10, queued_decode=6))
-    _, decisions = step(state, fleet.observe(400.0), 400.0, CoreConfig())
+    _, decisions = step(state, fleet.observe(400.0), 400.0, hpa_config())
     assert only(decisions).action == Action.SCALE_UP and only(decisions).current_replicas == 4
 
 
 def test_a_configured_service_with_no_worker_discovered_still_gets_a_decision() -> None:
     fleet = Fleet()
     fleet.deploy("vllm-decode", 2)
-    config = CoreConfig(roles={Role.DECODE: RoleConfig(service="vllm-decode")})
+    config = CoreConfig(roles={Role.DECODE: hpa_role(service="vllm-decode")})
     state = CoreState()
     for t in range(0, 400, 5):
         state, decisions = step(state, fleet.observe(float(t)), float(t), config)
@@ -144,14 +143,14 @@ def test_two_services_of_one_role_are_decided_apart() -> None:
     fleet.deploy("decode-b", 2)
     for wid in fleet.workers:
         fleet.publish(wid, 0.0, Load(decode=10, queued_decode=3) if wid.startswith("a") else Load(decode=10))
-    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, CoreConfig())
+    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, hpa_config())
     assert [d.service for d in decisions] == ["decode-a", "decode-b"]
     assert only(decisions, "decode-a").final_replicas == 6 and only(decisions, "decode-b").final_replicas == 2
 
 
 # ------------------------------------------------------------------------------------------------ SLA mode
 def sla_config(role: Role = Role.DECODE, **kw: object) -> CoreConfig:
-    return CoreConfig(roles={role: RoleConfig(mode=Mode.SLA, sla=SlaTargets(ttft_ms=500, itl_ms=50), **kw)})
+    return CoreConfig(roles={role: hpa_role(mode=Mode.SLA, sla=SlaTargets(ttft_ms=500, itl_ms=50), **kw)})
 
 
 def test_sla_mode_consolidates_only_to_a_count_that_still_meets_the_sla() -> None:
@@ -210,7 +209,7 @@ def test_a_rising_forecast_sets_a_floor_above_the_load() -> None:
     fleet = decode_fleet(2)
     config = CoreConfig(
         roles={
-            Role.DECODE: RoleConfig(
+            Role.DECODE: hpa_role(
                 forecast=ForecastConfig(method=ForecastMethod.LINEAR, horizon_s=60, replica_capacity_rps=10.0)
             )
         }
@@ -229,7 +228,7 @@ def test_a_rising_forecast_sets_a_floor_above_the_load() -> None:
 
 def test_a_forecast_without_traffic_says_so_and_changes_nothing() -> None:
     fleet = decode_fleet(2)
-    config = CoreConfig(roles={Role.DECODE: RoleConfig(forecast=ForecastConfig(method=ForecastMethod.HOLT))})
+    config = CoreConfig(roles={Role.DECODE: hpa_role(forecast=ForecastConfig(method=ForecastMethod.HOLT))})
     fleet.publish_all(0.0, Load(decode=300))
     _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, config)
     d = only(decisions)
@@ -243,7 +242,7 @@ def test_observation_is_cheap_to_build_and_round_trips() -> None:
     obs = fleet.observe(0.0, {Role.DECODE: Traffic(request_rate_per_s=float("nan"))})
     assert isinstance(obs, Observation)
     assert Traffic(request_rate_per_s=float("nan"), isl_tokens=-3).clean() == Traffic()
-    _, decisions = step(CoreState(), obs, 0.0, CoreConfig())
+    _, decisions = step(CoreState(), obs, 0.0, hpa_config())
     assert only(decisions).inputs.request_rate_per_s is None
 
 
@@ -252,7 +251,7 @@ def test_a_service_whose_workers_disagree_on_the_role_takes_the_lowest_worker_id
     fleet.add("z-worker", Role.PREFILL, "mixed")
     fleet.add("a-worker", Role.DECODE, "mixed")
     fleet.deploy("mixed", 2)
-    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, CoreConfig())
+    _, decisions = step(CoreState(), fleet.observe(0.0), 0.0, hpa_config())
     assert only(decisions, "mixed").role == Role.DECODE
 
 
@@ -263,7 +262,7 @@ def test_an_action_the_deployment_never_took_does_not_count_against_the_rate_lim
     finals = []
     for t in (0.0, 5.0, 10.0):
         fleet.publish_all(t, Load(decode=50, queued_decode=8))
-        state, decisions = step(state, fleet.observe(t), t, CoreConfig())
+        state, decisions = step(state, fleet.observe(t), t, hpa_config())
         finals.append((only(decisions).action, only(decisions).final_replicas))
     assert finals == [(Action.SCALE_UP, 8)] * 3
 
@@ -272,10 +271,10 @@ def test_an_action_the_deployment_took_counts_against_the_rate_limits() -> None:
     fleet = decode_fleet(2)
     state = CoreState()
     fleet.publish_all(0.0, Load(decode=50, queued_decode=20))
-    state, decisions = step(state, fleet.observe(0.0), 0.0, CoreConfig())
+    state, decisions = step(state, fleet.observe(0.0), 0.0, hpa_config())
     assert only(decisions).final_replicas == 6
     fleet.deploy("decode", 6)
     fleet.publish_all(5.0, Load(decode=50, queued_decode=20))
-    _, decisions = step(state, fleet.observe(5.0), 5.0, CoreConfig())
+    _, decisions = step(state, fleet.observe(5.0), 5.0, hpa_config())
     d = only(decisions)
     assert d.final_replicas == 6 and Reason.SCALE_UP_RATE_LIMITED in d.reasons

@@ -283,3 +283,13 @@ def test_configure_logging_json_writes_one_object_per_decision_line(capfd: pytes
     assert line["level"] == "INFO" and line["name"] == "planner.decisions"
     assert line["final"] == 1 and line["recommended"] == 2 and line["leader"] is False
     assert "(follower: not applied)" in line["message"]
+
+
+def test_a_stored_registration_is_taken_over_once_per_value() -> None:
+    ops = operations()
+    value = {"role": "decode", "service": "decode", "dp_size": 1, "fpm_endpoints": ["tcp://10.0.0.1:5557"]}
+    stored = {"w-1": value, "w-2": dict(value, fpm_endpoints=["tcp://10.0.0.2:5557"])}
+    assert [w for w, _ in ops.restorable(stored, known={"w-2"})] == ["w-1"]
+    assert ops.restorable(stored, known=set()) == [("w-2", stored["w-2"])]  # w-1 lapsed here: not resurrected
+    moved = dict(value, fpm_endpoints=["tcp://10.0.0.9:5557"])
+    assert ops.restorable({"w-1": moved}, known=set()) == [("w-1", moved)]  # registered again elsewhere
