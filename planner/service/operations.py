@@ -20,8 +20,9 @@ HPA-like conditions of each service after every tick (written only when they cha
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -194,6 +195,7 @@ class Operations:
         self._fallback_applied: dict[str, int] = {}  # service -> replicas applied in the current blind spell
         self._failing: dict[str, str] = {}  # service -> the last failed outcome's message
         self._paused_gauges: set[str] = set()
+        self._restored: set[tuple[str, str]] = set()  # (worker id, value) taken over from the stored state
 
     # -- durable state -------------------------------------------------------------------------------------
 
@@ -243,6 +245,19 @@ class Operations:
         if "max_total_gpus" in patch:
             value = {"max_total_gpus": bounds_after.get("max_total_gpus")}
             self._changed(self.store.set("bounds", ALL_SERVICES, value, who=who, action="set bounds"))
+
+    def restorable(self, registrations: Mapping[str, Any], known: Container[str]) -> list[tuple[str, Any]]:
+        """Stored registrations this replica should take over: not known here, and each (id, value) at most once
+        per process, so a lease that lapsed here is not resurrected by every later sync (a worker that vanished
+        without deregistering stays in the state until it is deregistered or registers again)."""
+        out = []
+        for worker_id, value in registrations.items():
+            key = (worker_id, json.dumps(value, sort_keys=True))
+            if worker_id in known or key in self._restored:
+                continue
+            self._restored.add(key)
+            out.append((worker_id, value))
+        return out
 
     def record_registration(self, worker_id: str, value: Mapping[str, Any] | None, *, who: str) -> None:
         """Persist a registration (``value``: what restores it) or, with None, its removal. A renewal with the

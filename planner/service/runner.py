@@ -307,9 +307,7 @@ class PlannerRunner:
                 self.decider.patch_bounds(patch)
             except ConfigError as exc:
                 log.warning("stored bounds not applied: %s", exc)
-        for worker_id, v in state.registrations.items():
-            if worker_id in self.registry.workers:
-                continue
+        for worker_id, v in self.operations.restorable(state.registrations, self.registry.workers):
             try:
                 self.registry.register(
                     worker_id,
