@@ -31,6 +31,7 @@ import enum
 import json
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -268,9 +269,11 @@ class EventCorrelator:
 
 
 class EventRecorder:
-    """Sends the correlator's writes with the official client; never raises (see the module docstring)."""
+    """Sends the correlator's writes with the official client; never raises (see the module docstring).
+    Thread-safe: the tick and the API (pause / resume) record from different threads."""
 
     def __init__(self, api: k8s.ApiClient, correlator: EventCorrelator | None = None) -> None:
+        self._lock = threading.Lock()
         self._api = k8s.EventsV1Api(api)
         self.correlator = correlator or EventCorrelator()
         self.failures = 0
@@ -278,6 +281,10 @@ class EventRecorder:
         self.written = 0
 
     def record(self, ev: PlannedEvent, now: float) -> CreateEvent | PatchEvent | DropEvent:
+        with self._lock:
+            return self._record(ev, now)
+
+    def _record(self, ev: PlannedEvent, now: float) -> CreateEvent | PatchEvent | DropEvent:
         action = self.correlator.observe(ev, now)
         ns = ev.regarding.namespace
         try:
