@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -180,10 +181,12 @@ class MemoryBackend:
 
     def __init__(self) -> None:
         self._state = RuntimeState()
+        self._lock = threading.Lock()  # the tick and the API change it from different threads
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        yield
+        with self._lock:
+            yield
 
     def read(self) -> tuple[RuntimeState, str | None]:
         return self._state, str(self._state.generation)
