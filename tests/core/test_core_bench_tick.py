@@ -18,5 +18,6 @@ def test_bench_tick_prints_one_json_line_with_its_figures(capsys: pytest.Capture
 
 
 def test_bench_tick_refuses_nonsense_arguments() -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exited:
         main(["bench", "tick", "--workers", "0"])
+    assert exited.value.code == "need --workers >= 1, --dp >= 1, --ticks >= 1, --warmup >= 0, --interval-s > 0"

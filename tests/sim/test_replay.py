@@ -90,7 +90,8 @@ def test_replay_command_writes_every_policy_and_a_report(tmp_path: Path) -> None
     doc2 = json.loads(again.read_text())
     assert set(doc2["policies"]) == {"ours", "fixed", "hpa", "dynamo", "oracle"}
     assert doc2["policies"]["fixed"] == doc["policies"]["fixed"]
-    assert doc2["details"]["ours"]["modes"] == {"threshold": doc2["details"]["ours"]["modes"]["threshold"]}
+    modes = doc2["details"]["ours"]["modes"]
+    assert list(modes) == ["threshold"] and modes["threshold"] > 0  # every decision (one at least) in threshold
     # a document from another trace is refused
     other = tmp_path / "other.csv"
     write_azure(other, np.array([0.0, 1.0]), 10, 2)
