@@ -86,7 +86,8 @@ def test_safety_invariants_hold_on_every_tick(
 
 
 def check(d: Decision, in_flight: bool, coverage_problem: bool, now: float) -> None:
-    assert all(math.isfinite(f) for f in floats(msgspec.to_builtins(d)))
+    values = floats(msgspec.to_builtins(d))
+    assert values and all(math.isfinite(f) for f in values)
     if d.action == Action.SCALE_DOWN:
         assert d.coverage.complete
         assert now >= 300.0  # never inside the first scale-down window

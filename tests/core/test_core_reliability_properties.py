@@ -115,7 +115,8 @@ def test_the_core_answers_within_bounds_and_never_lowers_a_blind_fleet(
         blind = status is None or not d.coverage.complete
         if blind:
             assert d.final_replicas >= min(d.current_replicas, effective.max_replicas)
-        assert all(math.isfinite(f) for f in floats(msgspec.to_builtins(d)))
+        values = floats(msgspec.to_builtins(d))
+        assert values and all(math.isfinite(f) for f in values)
         assert d.reasons[-1].value == d.action.value
         now += float(spec["gap_s"])  # type: ignore[arg-type]
 

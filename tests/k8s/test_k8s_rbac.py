@@ -140,7 +140,8 @@ def test_role_grants_exactly_what_the_planner_uses(cluster: K8sApiEmulator, api_
 def test_advisory_role_is_read_only_and_sufficient(cluster: K8sApiEmulator, api_client: k8s.ApiClient) -> None:
     rules = render_rules(dynamo=True, apps=True, advisory=True)
     # No write anywhere but the Lease and the runtime state's ConfigMap.
-    assert all(v in ("get", "list", "watch") or r in ("leases", "configmaps") for v, _, r in granted(rules))
+    advisory = granted(rules)
+    assert advisory and all(v in ("get", "list", "watch") or r in ("leases", "configmaps") for v, _, r in advisory)
     cluster.rbac_rules = rules
     outcomes = exercise_everything(api_client, TARGETS, advisory=True)
     assert [o.kind for o in outcomes] == [OutcomeKind.ADVISORY] * 4

@@ -282,7 +282,7 @@ def test_fit_keeps_coefficients_non_negative_when_data_point_the_other_way() -> 
     loads = [(0.0, 0.0, float(b), float(b) * 100) for b in range(1, 50)]
     wall_ms = [50.0 - b * 0.5 for b in range(1, 50)]  # faster with more load: no engine does that
     fit = fit_step_time(Role.DECODE, loads, wall_ms)
-    assert all(c >= 0 for c in fit.coef_ms)
+    assert fit.coef_ms and all(c >= 0 for c in fit.coef_ms)
     # The best non-negative model of falling times is flat, inside the observed range (clipping a fit made
     # without the constraint keeps its intercept of ~50 ms: above every observation).
     assert all(min(wall_ms) <= fit.step_ms(load) <= max(wall_ms) for load in loads)

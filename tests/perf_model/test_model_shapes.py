@@ -65,7 +65,7 @@ def test_a_shaped_fit_stays_monotone_in_load() -> None:
     rng = np.random.default_rng(3)
     loads = synthetic_loads(role, 2000, rng)
     fit = fit_step_time(role, loads, [shape(*load) for load in loads])
-    assert all(c >= 0 for c in fit.coef_ms)
+    assert fit.coef_ms and all(c >= 0 for c in fit.coef_ms)
     for base in loads[:50]:
         for i in range(4):
             bigger = list(base)

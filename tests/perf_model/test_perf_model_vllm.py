@@ -68,6 +68,6 @@ def test_live_vllm_samples_make_the_model_ready_and_monotone(tmp_path: Path) -> 
     ttft = [model.predict_ttft_ms(isl, 0, engine.max_num_batched_tokens).upper_ms for isl in (1, 16, 256, 2000)]
     queued = [model.predict_ttft_ms(64, q, engine.max_num_batched_tokens).upper_ms for q in (0, 1000, 8000)]
     for series in (itl, ttft, queued):
-        assert all(math.isfinite(v) and v > 0 for v in series)
+        assert series and all(math.isfinite(v) and v > 0 for v in series)
         assert series == sorted(series), series
     assert ttft[0] < ttft[-1] and queued[0] < queued[-1]

@@ -58,6 +58,7 @@ def test_the_planner_counts_every_arrival_completion_and_latency_of_a_real_engin
 
     assert collector.wait_for(all_in, timeout_s=30)
     samples = collector.samples()
+    assert samples
     assert all(s.traffic is msgspec.UNSET for s in samples if s.is_heartbeat)  # heartbeats carry none
     assert all(isinstance(s.traffic, StepTraffic) for s in samples if not s.is_heartbeat)
 
@@ -74,7 +75,7 @@ def test_the_planner_counts_every_arrival_completion_and_latency_of_a_real_engin
     assert ttft.count == n and itl.count == n
 
     stats = [o.metrics for o in outputs]
-    assert all(s is not None and s.first_token_ts > 0 for s in stats)
+    assert stats and all(s is not None and s.first_token_ts > 0 for s in stats)
     # TTFT: ours is read when the engine step that made the first token ends, from the request's arrival. vLLM's
     # frontend reads it later (after the output crossed to it); the engine core's own first-token stamp, from the
     # request's queueing (after its arrival), earlier.
@@ -90,4 +91,4 @@ def test_the_planner_counts_every_arrival_completion_and_latency_of_a_real_engin
 def test_the_extension_costs_no_read_errors(engine: tuple[TinyEngine, FpmCollector]) -> None:
     eng, _ = engine
     stats = eng.run(eng.engine_core.call_utility_all_async(STATS_METHOD))
-    assert all(s["step_read_errors"] == 0 and s["dropped_queue_full"] == 0 for s in stats), stats
+    assert stats and all(s["step_read_errors"] == 0 and s["dropped_queue_full"] == 0 for s in stats), stats

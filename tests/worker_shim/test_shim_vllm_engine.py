@@ -114,7 +114,7 @@ def test_cold_start_samples_carry_the_id_and_count_every_token(cold: tuple[TinyE
     assert sum(s.scheduled_requests.num_prefill_requests for s in active) == len(PROMPT_LENGTHS)
     assert sum(s.scheduled_requests.sum_prefill_kv_tokens for s in active) == 0  # prefix caching off, no chunks
     assert sum(s.scheduled_requests.num_decode_requests for s in active) == decodes
-    assert all(s.wall_time > 0 for s in active)
+    assert active and all(s.wall_time > 0 for s in active)
     for rank, endpoint in enumerate(engine.endpoints):
         samples = collector.samples(endpoint)
         assert {s.worker_id for s in samples} == {engine.worker_id}, f"rank {rank}"
@@ -143,7 +143,7 @@ def test_decode_kv_tokens_are_the_context_of_each_decode(cold: tuple[TinyEngine,
 def test_publisher_dropped_nothing(cold: tuple[TinyEngine, FpmCollector]) -> None:
     engine, _ = cold
     stats = engine.run(engine.engine_core.call_utility_all_async(STATS_METHOD))
-    assert sorted(s["dp_rank"] for s in stats) == list(range(engine.dp_size))
+    assert stats and sorted(s["dp_rank"] for s in stats) == list(range(engine.dp_size))
     assert all(s["dropped_queue_full"] == 0 and s["dropped_send"] == 0 for s in stats), stats
     assert all(s["step_read_errors"] == 0 for s in stats), stats
     assert all(s["worker_id"] == engine.worker_id for s in stats)
@@ -161,8 +161,8 @@ def test_unsynced_engine_publishes_under_the_empty_id(restored: Restored) -> Non
     snap = restored.snapshot_now()
     assert snap.drops[DropReason.EMPTY_WORKER_ID] > 0
     assert snap.drops_by_worker[RESTORED_ID][DropReason.EMPTY_WORKER_ID] > 0
-    assert all(view.samples == 0 and view.heartbeats == 0 for view in snap.ranks.values())
-    assert all(seen.worker_id == "" for seen in snap.endpoints.values())
+    assert snap.ranks and all(view.samples == 0 and view.heartbeats == 0 for view in snap.ranks.values())
+    assert snap.endpoints and all(seen.worker_id == "" for seen in snap.endpoints.values())
 
 
 def test_a_rank_that_does_not_answer_fails_the_sync_within_its_timeout(restored: Restored) -> None:
@@ -215,7 +215,7 @@ def test_planner_store_holds_every_rank_only_after_the_sync(restored: Restored) 
     for (wid, rank), view in snap.ranks.items():
         assert view.fresh and view.samples > 0 and view.heartbeats > 0, (wid, rank, view)
         assert view.latest is not None and view.latest.worker_id == RESTORED_ID and view.latest.dp_rank == rank
-    assert all(seen.worker_id == RESTORED_ID for seen in snap.endpoints.values())
+    assert snap.endpoints and all(seen.worker_id == RESTORED_ID for seen in snap.endpoints.values())
 
 
 def test_fallback_through_call_utility_all_async_reaches_every_rank(restored: Restored) -> None:
