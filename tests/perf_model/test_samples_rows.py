@@ -74,6 +74,12 @@ ROWS = [
         ),
         SampleVerdict.INVALID,
     ),
+    Row(
+        "a step with work but no wall time is invalid",
+        Role.DECODE,
+        step(5, wall_time=0.0, decode=1),
+        SampleVerdict.INVALID,
+    ),
     Row("a negative wall time is invalid", Role.DECODE, step(5, wall_time=-0.01, decode=1), SampleVerdict.INVALID),
     Row("an infinite wall time is invalid", Role.DECODE, step(5, wall_time=math.inf, decode=1), SampleVerdict.INVALID),
     Row("a negative count is invalid", Role.DECODE, step(5, decode=1, kv=-1), SampleVerdict.INVALID),
