@@ -309,6 +309,11 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # scale_down.stabilization_window_s: capacity released on a dip costs one start-up to buy back, so a faster
     # start-up (snapshot restore) makes the planner leaner by itself.
     scale_down_window_startups: float | None = 2.0
+    # Cost-aware scale-down across idle gaps: when capacity released was bought back after a gap of g seconds (a
+    # scale-up within this long of a scale-down), the scale-down window grows to 1.5 g (at most this long) while
+    # such gaps were seen in the last 30 minutes: capacity the recent history says comes back is not released.
+    # None: the window stays as configured.
+    hold_across_gaps_max_s: float | None = 600.0
     # An in-flight scale-up's target may be raised (in_flight_target_raised) when the request rate grew by at least
     # this fraction since it was decided, in proportion to that growth; None: never (no stacking at all).
     in_flight_raise_rate_growth_frac: float | None = 0.2
@@ -343,6 +348,11 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             self.scale_down_window_startups is None
             or (math.isfinite(self.scale_down_window_startups) and self.scale_down_window_startups >= 0),
             f"scale_down_window_startups must be >= 0, got {self.scale_down_window_startups!r}",
+        )
+        _need(
+            self.hold_across_gaps_max_s is None
+            or (math.isfinite(self.hold_across_gaps_max_s) and self.hold_across_gaps_max_s >= 0),
+            f"hold_across_gaps_max_s must be >= 0, got {self.hold_across_gaps_max_s!r}",
         )
         _need(
             self.in_flight_raise_rate_growth_frac is None

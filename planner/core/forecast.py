@@ -13,7 +13,25 @@ import msgspec
 
 from planner.core.config import ForecastConfig, ForecastMethod
 
-__all__ = ["ForecastState", "forecast_rate", "update_forecast"]
+__all__ = ["ForecastState", "derived_capacity", "forecast_rate", "update_forecast"]
+
+
+def derived_capacity(
+    state: ForecastState, rate_per_s: float | None, replicas: int, now: float, config: ForecastConfig
+) -> tuple[ForecastState, float | None]:
+    """Per-replica capacity for the floor when the config does not give one: ``rate / replicas`` at this tick, or
+    the highest such figure seen, decayed by ``exp(-dt / history_s)``, whichever is higher. Derived from this
+    tick alone, a trickle of requests on a replica held at its minimum reads as a tiny capacity, and the floor
+    then multiplies any forecast into dozens of replicas (a surge's tail: 4 -> 32)."""
+    kept: float | None = None
+    if state.capacity_rps is not None and state.capacity_at is not None:
+        kept = state.capacity_rps * math.exp(-max(now - state.capacity_at, 0.0) / config.history_s)
+    current = rate_per_s / replicas if rate_per_s is not None and rate_per_s > 0 and replicas > 0 else None
+    if current is not None and not math.isfinite(current):
+        current = None
+    if current is not None and (kept is None or current >= kept):
+        return msgspec.structs.replace(state, capacity_rps=current, capacity_at=now), current
+    return state, kept
 
 
 class ForecastState(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +44,10 @@ class ForecastState(msgspec.Struct, frozen=True, kw_only=True):
     kalman_level: float = 0.0
     kalman_slope_per_s: float = 0.0
     kalman_p: tuple[float, float, float, float] = (1.0, 0.0, 0.0, 1.0)  # covariance, row-major
+    # Requests/s one replica serves, derived from rate / recommended replicas: the highest seen, decaying over
+    # history_s (at low load the recommendation sits at a floor and rate / replicas says nothing of capacity).
+    capacity_rps: float | None = None
+    capacity_at: float | None = None
 
 
 def update_forecast(state: ForecastState, rate_per_s: float, now: float, config: ForecastConfig) -> ForecastState:
@@ -39,6 +61,8 @@ def update_forecast(state: ForecastState, rate_per_s: float, now: float, config:
     history = (*tuple(item for item in state.history if item[0] > cutoff), (now, rate_per_s))
     if state.last_at is None:
         return ForecastState(
+            capacity_rps=state.capacity_rps,
+            capacity_at=state.capacity_at,
             history=history,
             last_at=now,
             holt_level=rate_per_s,
@@ -78,8 +102,17 @@ def update_forecast(state: ForecastState, rate_per_s: float, now: float, config:
     )
     if not all(math.isfinite(v) for v in (level, trend, x0, x1, *p_new)):
         # Numerically lost: restart from the observation rather than carry NaN forward.
-        return ForecastState(history=history, last_at=now, holt_level=rate_per_s, kalman_level=rate_per_s)
+        return ForecastState(
+            history=history,
+            last_at=now,
+            holt_level=rate_per_s,
+            kalman_level=rate_per_s,
+            capacity_rps=state.capacity_rps,
+            capacity_at=state.capacity_at,
+        )
     return ForecastState(
+        capacity_rps=state.capacity_rps,
+        capacity_at=state.capacity_at,
         history=history,
         last_at=now,
         holt_level=level,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from planner.core.config import RoleConfig
 from planner.core.state import ServiceState
 
-__all__ = ["effective_startup_s", "in_flight_raise_to", "measured_startup_s", "scale_down_window_s"]
+__all__ = ["effective_startup_s", "in_flight_raise_to", "measured_startup_s", "record_scale", "scale_down_window_s"]
 
 
 def effective_startup_s(rc: RoleConfig, state: ServiceState) -> float:
@@ -28,12 +30,40 @@ def measured_startup_s(state: ServiceState, in_flight: bool, now: float) -> floa
     return observed
 
 
-def scale_down_window_s(rc: RoleConfig, state: ServiceState) -> float:
+_GAP_MEMORY_S = 1800.0  # re-buy gaps older than this no longer hold capacity
+_GAP_HOLD_FACTOR = 1.5
+
+
+def scale_down_window_s(rc: RoleConfig, state: ServiceState, now: float) -> float:
     """``scale_down_window_startups`` start-ups when set (capacity released on a dip costs a start-up to buy back,
-    so a faster start-up makes the planner leaner by itself), else ``scale_down.stabilization_window_s``."""
+    so a faster start-up makes the planner leaner by itself), else ``scale_down.stabilization_window_s``; grown
+    to 1.5 x the longest idle gap after which released capacity was bought back in the last 30 minutes (at
+    most ``hold_across_gaps_max_s``): capacity the recent history says comes back is not released."""
     if rc.scale_down_window_startups is None:
-        return rc.scale_down.stabilization_window_s
-    return rc.scale_down_window_startups * effective_startup_s(rc, state)
+        window = rc.scale_down.stabilization_window_s
+    else:
+        window = rc.scale_down_window_startups * effective_startup_s(rc, state)
+    cap = rc.hold_across_gaps_max_s
+    gaps = [gap for at, gap in state.rebuy_gaps if at > now - _GAP_MEMORY_S]
+    if cap is not None and gaps:
+        window = max(window, min(_GAP_HOLD_FACTOR * max(gaps), cap))
+    return window
+
+
+def record_scale(state: ServiceState, rc: RoleConfig, current: int, final: int, now: float) -> ServiceState:
+    """Remember each scale-down (its time and the count it left), and a scale-up that buys capacity back: the gap
+    is the time since the fleet last left a count at or above the new target (within ``hold_across_gaps_max_s``)."""
+    downs = tuple(item for item in state.scale_downs if item[0] > now - _GAP_MEMORY_S)
+    if final < current:
+        return msgspec.structs.replace(state, scale_downs=(*downs, (now, current))[-32:])
+    cap = rc.hold_across_gaps_max_s
+    if final > current and cap is not None:
+        left = [at for at, before in downs if before >= final]
+        if left and now - left[-1] <= cap:
+            kept = tuple(item for item in state.rebuy_gaps if item[0] > now - _GAP_MEMORY_S)
+            gap = now - left[-1]
+            return msgspec.structs.replace(state, rebuy_gaps=(*kept, (now, gap))[-16:], scale_downs=downs)
+    return msgspec.structs.replace(state, scale_downs=downs) if downs != state.scale_downs else state
 
 
 def in_flight_raise_to(

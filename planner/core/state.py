@@ -31,6 +31,10 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     forecast: ForecastState = msgspec.field(default_factory=ForecastState)
     # Start-up delay measured from the deployment's desired -> ready transitions (EWMA; None: not seen yet).
     startup_s_observed: float | None = None
+    # (at, count before) of recent scale-downs, and (at, gap_s) of recent scale-ups that bought back capacity
+    # released gap_s earlier: the idle gaps the traffic shows, which the scale-down window learns to hold across.
+    scale_downs: tuple[tuple[float, int], ...] = ()
+    rebuy_gaps: tuple[tuple[float, float], ...] = ()
     # When the last scale-up was decided (a desired -> ready transition is measured from it).
     scale_up_at: float | None = None
     # The request rate when the last scale-up was decided (what an in-flight target may be raised against).

@@ -25,12 +25,18 @@ from planner.core.decision import (
     StageResult,
 )
 from planner.core.feedback import update_feedback
-from planner.core.forecast import ForecastState, forecast_rate, update_forecast
+from planner.core.forecast import ForecastState, derived_capacity, forecast_rate, update_forecast
 from planner.core.observation import Observation, ObservationError, RoleLoad, Traffic
 from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
 from planner.core.reconcile import Reconciled, reconcile_services
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
-from planner.core.startup import effective_startup_s, in_flight_raise_to, measured_startup_s, scale_down_window_s
+from planner.core.startup import (
+    effective_startup_s,
+    in_flight_raise_to,
+    measured_startup_s,
+    record_scale,
+    scale_down_window_s,
+)
 from planner.core.state import CoreState, ServiceState
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import DropReason
@@ -215,10 +221,8 @@ def _draft(
             fstate = update_forecast(fstate, rate, now, fc)
             predicted_rate = forecast_rate(fstate, fc)
         capacity = fc.replica_capacity_rps
-        if capacity is None and rate is not None and rate > 0 and value > 0:
-            capacity = rate / value
-        if capacity is not None and not math.isfinite(capacity):
-            capacity = None
+        if capacity is None:
+            fstate, capacity = derived_capacity(fstate, rate, value, now, fc)
         if predicted_rate is None or (capacity is None and predicted_rate > 0):
             value = _stage(
                 stages,
@@ -256,7 +260,7 @@ def _draft(
     value = _stage(
         stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds)
     )
-    down_window_s = scale_down_window_s(rc, sstate)
+    down_window_s = scale_down_window_s(rc, sstate, now)
     keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s)
     recommendations = (*_prune(sstate.recommendations, now, keep_recs_s), (now, value))
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
@@ -325,6 +329,8 @@ def _draft(
         in_flight_since=in_flight_since,
         startup_s_observed=startup_observed,
         scale_up_at=sstate.scale_up_at if in_flight else None,
+        scale_downs=sstate.scale_downs,
+        rebuy_gaps=sstate.rebuy_gaps,
         scale_up_rate_per_s=sstate.scale_up_rate_per_s,
         forecast=fstate,
         feedback=feedback.state,
@@ -462,6 +468,7 @@ def step(
             sstate = msgspec.structs.replace(sstate, feedback=msgspec.structs.replace(sstate.feedback, capped=capped))
         if final != d.current:
             sstate = msgspec.structs.replace(sstate, pending_scale=(now, d.current, final))
+        sstate = record_scale(sstate, d.role_config, d.current, final, now)
         if final > d.current:
             rate = d.traffic.request_rate_per_s if d.traffic is not None else None
             at = sstate.scale_up_at if sstate.scale_up_at is not None else now  # a raise keeps the start

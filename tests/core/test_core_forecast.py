@@ -7,7 +7,7 @@ import math
 import pytest
 
 from planner.core import ForecastConfig, ForecastMethod
-from planner.core.forecast import ForecastState, forecast_rate, update_forecast
+from planner.core.forecast import ForecastState, derived_capacity, forecast_rate, update_forecast
 
 
 def feed(method: ForecastMethod, rates: list[float], interval_s: float = 5.0) -> float | None:
@@ -63,3 +63,18 @@ def test_history_is_bounded_by_history_s() -> None:
     for i in range(1000):
         state = update_forecast(state, 1.0, i * 5.0, config)
     assert len(state.history) == 12
+
+
+def test_derived_capacity_keeps_the_highest_rate_per_replica_seen() -> None:
+    """A surge's tail: 60 req/s on 6 replicas said 10 req/s per replica; a trickle of 0.2 req/s on the one replica
+    min holds says nothing of capacity. Derived from this tick alone the floor multiplied a 6 req/s forecast into
+    30 replicas (a surge from idle ended at 32 replicas held to the end of the replay)."""
+
+    config = ForecastConfig(method=ForecastMethod.HOLT, history_s=600.0)
+    state, capacity = derived_capacity(ForecastState(), 60.0, 6, 0.0, config)
+    assert capacity == 10.0
+    state, capacity = derived_capacity(state, 0.2, 1, 60.0, config)
+    assert capacity is not None and capacity == pytest.approx(10.0 * math.exp(-0.1))
+    state, capacity = derived_capacity(state, 24.0, 2, 120.0, config)  # a higher figure replaces it
+    assert capacity == 12.0
+    assert derived_capacity(ForecastState(), None, 3, 0.0, config)[1] is None

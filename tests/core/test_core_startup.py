@@ -4,6 +4,7 @@ when the request rate grew since, and a scale-up sized for the backlog left afte
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,36 @@ def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
 
     naive, aware = recommend(0.0), recommend(60.0)
     assert naive > 20 and aware < naive / 4
+
+
+def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
+    """Cost-aware scale-down: released at the first idle gap and bought back 100 s later, the capacity is held
+    across the next gap (the window grows to 1.5 x the gap) instead of being released and bought back again."""
+    down = ScaleRules(
+        stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
+    )
+    rc = RoleConfig(
+        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, scale_down=down, scale_down_window_startups=None
+    )
+    config = CoreConfig(roles={Role.DECODE: rc})
+    fleet = _fleet(4)
+    state = CoreState()
+    busy, idle = Load(decode=4 * 204), Load(decode=1)
+    timeline = [(0.0, busy), (60.0, idle), (200.0, busy), (260.0, idle), (600.0, idle)]
+    downs: list[float] = []
+    now = 0.0
+    for (start, load), (end, _) in itertools.pairwise(timeline):
+        now = start
+        while now < end:
+            fleet.publish_all(now, load)
+            state, d = fleet.tick(state, now, config)
+            if d["decode"].action != Action.HOLD:
+                fleet.apply(d["decode"])
+                if d["decode"].action == Action.SCALE_DOWN:
+                    downs.append(now)
+            now += 5.0
+    first, second = downs[0], downs[1]
+    assert 60.0 < first <= 100.0  # the first gap: released after the configured 30 s window
+    gap = state.services["decode"].rebuy_gaps[0][1]
+    assert 100.0 <= gap <= 140.0
+    assert second >= 260.0 + 1.5 * gap - 5.0  # the second gap: held for 1.5 x the gap seen
