@@ -270,18 +270,20 @@ def test_a_disconnect_before_any_message_or_on_an_unknown_endpoint_changes_nothi
 
 
 def test_set_workers_moves_state_with_its_key_and_endpoint_like_a_plain_model() -> None:
-    """Random rediscovery (workers added, dropped, reordered, moved to another service or endpoint, two listing one
-    endpoint) between samples, against a plain dict model: a rank keeps its samples and counter while it keeps its
-    endpoint; the snapshot's per-service load sums the newest sample of each fresh rank; drops of departed workers
-    are forgotten."""
+    """Random rediscovery (workers added, dropped, reordered, moved to another service or endpoint, now and then two
+    listing one endpoint) between samples, against plain dict models: a rank keeps its samples and counter while it
+    keeps its endpoint; an endpoint keeps what it last published under while any worker lists it; the snapshot's
+    per-service load sums the newest sample of each fresh rank; drops stay pinned on listed workers only."""
     rng = random.Random(5)
     store = FleetStore(ttl_s=TTL_S, window_size=4)
-    model: dict[tuple[str, int, str], tuple[int, int, int]] = {}  # (wid, rank, endpoint) -> (counter, samples, load)
+    ranks: dict[tuple[str, int, str], tuple[int, int, int]] = {}  # (wid, rank, endpoint) -> (counter, samples, load)
+    seen: dict[str, tuple[str, int, int]] = {}  # endpoint -> (worker_id, dp_rank, messages)
+    drops: dict[str, int] = {}
     workers: dict[str, WorkerRecord] = {}
-    hosts = [f"10.1.0.{i}" for i in range(12)]
+    hosts = [f"10.1.0.{i}" for i in range(40)]
     counter = 0
-    for round_no in range(60):
-        if round_no % 6 == 0 or not workers:
+    for round_no in range(240):
+        if round_no % 5 == 0:
             new: dict[str, WorkerRecord] = {}
             for wid in rng.sample([f"w{i}" for i in range(10)], rng.randint(1, 8)):
                 old = workers.get(wid)
@@ -289,42 +291,50 @@ def test_set_workers_moves_state_with_its_key_and_endpoint_like_a_plain_model() 
                     new[wid] = old  # unchanged (the same object)
                     continue
                 dp = rng.randint(1, 3)
-                service = rng.choice(["a", "b", "c"])
                 new[wid] = WorkerRecord(
                     worker_id=wid,
                     role=Role.DECODE,
-                    service=service,
+                    service=rng.choice(["a", "b", "c"]),
                     dp_size=dp,
                     fpm_endpoints=default_endpoints(rng.choice(hosts), dp),
                 )
             workers = new
             store.set_workers(workers)
             owner = {e: (w, r) for w, rec in workers.items() for r, e in enumerate(rec.fpm_endpoints)}  # last wins
-            model = {k: v for k, v in model.items() if owner.get(k[2]) == (k[0], k[1])}
+            ranks = {k: v for k, v in ranks.items() if owner.get(k[2]) == (k[0], k[1])}
+            seen = {e: v for e, v in seen.items() if e in owner}
+            drops = {w: n for w, n in drops.items() if w in workers}
         wid = rng.choice(list(workers))
         rec = workers[wid]
         rank = rng.randrange(rec.dp_size)
         endpoint = rec.fpm_endpoints[rank]
         counter += 1
         load = rng.randint(0, 50)
-        out = store.ingest(endpoint, step(wid, rank, counter, num_decode_requests=load), 100.0, 100.0)
-        owner = {e: (w, r) for w, rec2 in workers.items() for r, e in enumerate(rec2.fpm_endpoints)}
-        if owner[endpoint] == (wid, rank):
+        as_id = "nobody" if rng.random() < 0.1 else wid
+        out = store.ingest(endpoint, step(as_id, rank, counter, num_decode_requests=load), 100.0, 100.0)
+        messages = seen[endpoint][2] if endpoint in seen else 0
+        seen[endpoint] = (as_id, rank, messages + 1)
+        if as_id == "nobody":
+            assert out is DropReason.UNKNOWN_WORKER
+        elif owner[endpoint] == (wid, rank):
             assert out is None
-            _, samples, _ = model.get((wid, rank, endpoint), (0, 0, 0))
-            model[(wid, rank, endpoint)] = (counter, samples + 1, load)
+            _, samples, _ = ranks.get((wid, rank, endpoint), (0, 0, 0))
+            ranks[(wid, rank, endpoint)] = (counter, samples + 1, load)
         else:
             assert out is DropReason.FOREIGN_ENDPOINT
+        if out is not None:
+            drops[owner[endpoint][0]] = drops.get(owner[endpoint][0], 0) + 1
         snap = store.snapshot(101.0)
         for w, record in workers.items():
             for r, e in enumerate(record.fpm_endpoints):
                 view = store.rank_view(w, r, 101.0)
-                held = model.get((w, r, e)) if owner[e] == (w, r) else None
+                held = ranks.get((w, r, e)) if owner[e] == (w, r) else None
                 assert view.samples == (held[1] if held else 0), (round_no, w, r)
                 assert (view.latest.counter_id if view.latest else None) == (held[0] if held else None)
+        assert {e: (s.worker_id, s.dp_rank, s.messages) for e, s in snap.endpoints.items()} == seen
         expected_load: dict[str, int] = {}
-        for (w, _r, _e), (_, _, ld) in model.items():
+        for (w, _r, _e), (_, _, ld) in ranks.items():
             expected_load[workers[w].service] = expected_load.get(workers[w].service, 0) + ld
         for service in {rec2.service for rec2 in workers.values()}:
             assert snap.totals.load[service][LoadField.DECODE_REQUESTS] == expected_load.get(service, 0)
-        assert set(store.drops_by_worker) <= set(workers)
+        assert {w: sum(per.values()) for w, per in store.drops_by_worker.items()} == drops
