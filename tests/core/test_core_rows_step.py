@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.core import CoreConfig, CoreState, Mode, Reason, RoleConfig, SlaTargets
-from planner.core.step import step
+from planner.core import CoreConfig, CoreState, Mode, Reason, RoleConfig, SlaTargets, Traffic
+from planner.core.step import group_services, step
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
 from tests.core.fleetkit import Fleet, Load
@@ -64,3 +64,28 @@ def test_the_summary_says_what_happened_and_why() -> None:
     assert decision.summary.startswith("decode 'decode': scale up 4 -> 5 (")
     assert decision.summary.endswith(")")
     assert "bounds: " in decision.summary
+
+
+def test_a_service_whose_workers_disagree_on_the_role_takes_the_lowest_worker_ids_role() -> None:
+    fleet = Fleet()
+    fleet.add("b-worker", Role.DECODE, "shared")
+    fleet.add("a-worker", Role.PREFILL, "shared")
+    fleet.add("c-worker", Role.DECODE, "decode-only")
+    groups = group_services(fleet.workers, CoreConfig(roles={Role.AGG: RoleConfig(service="agg-svc")}))
+    assert {s: (role, [w.worker_id for w in ws]) for s, (role, ws) in groups.items()} == {
+        "shared": (Role.PREFILL, ["b-worker", "a-worker"]),
+        "decode-only": (Role.DECODE, ["c-worker"]),
+        "agg-svc": (Role.AGG, []),
+    }
+
+
+def test_the_inputs_carry_the_load_and_the_traffic_the_decision_saw() -> None:
+    fleet = decode_fleet()
+    traffic = Traffic(request_rate_per_s=12.5, isl_tokens=900.0, osl_tokens=150.0)
+    _, decisions = fleet.tick(CoreState(), NOW, CoreConfig(), {Role.DECODE: traffic})
+    inputs = decisions["decode"].inputs
+    assert (inputs.request_rate_per_s, inputs.isl_tokens, inputs.osl_tokens) == (12.5, 900.0, 150.0)
+    assert (inputs.current_replicas, inputs.engines_expected, inputs.engines_reporting) == (4, 4, 4)
+    assert (inputs.decode_requests, inputs.decode_kv_tokens, inputs.kv_capacity_tokens) == (400, 400_000, 400_000)
+    assert inputs.kv_usage_frac == 1.0
+    assert (inputs.prefill_token_budget, inputs.decode_seq_budget) == (4 * 8192, 4 * 256)
