@@ -363,17 +363,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rescore", action="store_true", help="run nothing: re-read --json with the current equivalent-mutant table"
     )
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        help="run nothing: merge these result files (groups run in parallel) into --json",
+    )
     parser.add_argument("--fail-under", type=float, help="exit 1 if a module measured now scores below this %%")
     args = parser.parse_args(argv)
     command = " ".join(["python scripts/mutate.py", *(argv if argv is not None else sys.argv[1:])])
 
     mutmut = str(Path(sys.executable).with_name("mutmut"))
     measured: list[ModuleScore] = []
-    if args.rescore:
+    if args.combine:
+        docs = [json.loads(p.read_text(encoding="utf-8")) for p in args.combine]
+        measured = [from_json(m) for d in docs for m in d["modules"]]
+        command = " ; ".join(d["command"] for d in docs)
+    elif args.rescore:
         args.merge = True
         measured = [from_json(m) for m in json.loads(args.json.read_text(encoding="utf-8"))["modules"]]
         command = json.loads(args.json.read_text(encoding="utf-8"))["command"]
-    for group in GROUPS if not args.rescore else ():
+    for group in GROUPS if not (args.rescore or args.combine) else ():
         files = [
             rel
             for rel in _glob(group.modules)
