@@ -4,13 +4,15 @@ per-service load totals of a snapshot."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from planner.discovery import Role, WorkerRecord, default_endpoints
-from planner.ingest.store import DropReason, FleetStore, LoadField
+from planner.ingest.store import DropReason, FleetStore, FpmLimits, LoadField
 from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
@@ -338,3 +340,57 @@ def test_set_workers_moves_state_with_its_key_and_endpoint_like_a_plain_model() 
         for service in {rec2.service for rec2 in workers.values()}:
             assert snap.totals.load[service][LoadField.DECODE_REQUESTS] == expected_load.get(service, 0)
         assert {w: sum(per.values()) for w, per in store.drops_by_worker.items()} == drops
+
+
+def test_plausibility_limits_per_field_and_at_their_edges() -> None:
+    limits = FpmLimits(max_requests=10, max_step_tokens=100, max_kv_tokens=1000, max_queued_tokens=50, max_variance=5.0)
+    assert limits.bounds() == (10, 100, 5.0, 1000, 10, 1000, 5.0, 10, 50, 5.0, 10)
+    at_edge = ForwardPassMetrics(
+        worker_id="w",
+        dp_rank=0,
+        counter_id=2**64 - 1,
+        wall_time=3600.0,
+        scheduled_requests=ScheduledRequests(num_prefill_requests=10, sum_prefill_tokens=100, var_prefill_length=5.0),
+        queued_requests=QueuedRequests(sum_prefill_tokens=50),
+    )
+    assert limits.violations(at_edge) == ()
+    past = ForwardPassMetrics(
+        worker_id="w",
+        dp_rank=0,
+        counter_id=2**64,
+        wall_time=3600.5,
+        scheduled_requests=ScheduledRequests(sum_prefill_tokens=101, sum_decode_kv_tokens=1001),
+        queued_requests=QueuedRequests(sum_prefill_tokens=51, num_decode_requests=11),
+    )
+    assert limits.violations(past) == (
+        "scheduled_requests.sum_prefill_tokens",
+        "scheduled_requests.sum_decode_kv_tokens",
+        "queued_requests.sum_prefill_tokens",
+        "queued_requests.num_decode_requests",
+        "wall_time",
+        "counter_id",
+    )
+    assert FpmLimits(max_requests=1).max_requests == 1
+    for bad in (0, -1, math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"FpmLimits\.max_variance must be a finite number > 0"):
+            FpmLimits(max_variance=bad)
+
+
+@pytest.mark.parametrize(("tolerance", "ok"), [(1, True), (0, False)])
+def test_a_restart_tolerance_of_one_is_the_smallest(tolerance: int, ok: bool) -> None:
+    if ok:
+        assert FleetStore(ttl_s=1.0, restart_tolerance=tolerance).restart_tolerance == 1
+    else:
+        with pytest.raises(ValueError, match="restart_tolerance >= 1"):
+            FleetStore(ttl_s=1.0, restart_tolerance=tolerance)
+
+
+def test_snapshot_arrays_are_read_only() -> None:
+    store = make_store()
+    store.ingest(E10, step("w1", 0, 0), 1.0, 1.0)
+    totals = store.snapshot(1.0).totals
+    for array in (totals.fresh, totals.fresh_ranks, totals.table.dp_size):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 0
+    empty = FleetStore(ttl_s=1.0).snapshot(0.0).totals
+    assert empty.fresh_ranks.dtype == np.int64 and empty.fresh_ranks.size == 0
