@@ -11,7 +11,8 @@ added to the configured headroom, so the TTFT / ITL limit recommend checks is ``
 correction)``: a shortfall tightens the limit (more replicas), an attainment above the goal slowly relaxes it
 (fewer). Anti-windup: the correction stays in ``[-max_relax_frac, max_tighten_frac]``, and it does not tighten
 while the capacity it would ask for cannot come (an action in flight, or the last decision capped below its
-recommendation): a window still full of misses from before the capacity arrived must not wind it up. With no
+recommendation) and for one attainment window after an action in flight settled: a window still full of
+misses from before the capacity arrived must not wind it up. With no
 usable observation (unknown, or fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
 
 Pure: ``now`` is an argument; the state is :class:`FeedbackState`, kept in the service's
@@ -38,6 +39,9 @@ class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
     itl_frac: float = 0.0
     last_at: float | None = None
     capped: bool = False  # the last decision ended below its recommendation (budget, bounds, rate limit)
+    # Until when tightening stays frozen after an action in flight settled: the attainment window still holds
+    # the misses of requests that arrived before the new capacity served.
+    hold_until: float | None = None
 
 
 class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +90,7 @@ _REASONS = {
     "decay": Reason.SLA_FEEDBACK_DECAYED,
 }
 _PRIORITY = ("clamped", "frozen", "tighten", "relax", "decay")
+_DEFAULT_WINDOW_S = 30.0  # the attainment window when the traffic does not say
 
 
 def update_feedback(
@@ -100,11 +105,13 @@ def update_feedback(
     if not cfg.enabled:
         return FeedbackUpdate(state=FeedbackState(last_at=now), reason=None, detail="")
     dt = 0.0 if state.last_at is None else min(max(now - state.last_at, 0.0), cfg.max_step_s)
-    frozen = in_flight or state.capped
     t = traffic or Traffic()
+    window_s = t.window_s if t.window_s is not None else _DEFAULT_WINDOW_S
+    hold_until = now + window_s if in_flight else state.hold_until
+    frozen = in_flight or state.capped or (hold_until is not None and now < hold_until)
     ttft, ttft_how = _one(state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen)
     itl, itl_how = _one(state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen)
-    new = FeedbackState(ttft_frac=ttft, itl_frac=itl, last_at=now, capped=state.capped)
+    new = FeedbackState(ttft_frac=ttft, itl_frac=itl, last_at=now, capped=state.capped, hold_until=hold_until)
     hows = {ttft_how, itl_how} - {""}
     if not hows and ttft == 0.0 and itl == 0.0:
         return FeedbackUpdate(state=new, reason=None, detail="")

@@ -124,3 +124,13 @@ def test_the_correction_is_a_stage_with_a_reason_and_its_state_is_kept() -> None
     # Threshold mode and SLA mode without observations carry no feedback stage.
     _, plain = fleet.tick(CoreState(), 10.0, _config(), predictors={Role.DECODE: perf})
     assert plain["decode"].stage(Stage.SLA_FEEDBACK) is None
+
+
+def test_no_tightening_for_one_window_after_the_capacity_arrived() -> None:
+    """The window still holds the misses of requests that queued before the new replicas served (a flash crowd):
+    tightening on them wound the headroom up after the crowd was served (5.43 GPU-hours instead of 2.06)."""
+    traffic = Traffic(itl_attainment_frac=0.8, itl_samples_in_window=500, window_s=30.0)
+    state = update_feedback(FeedbackState(last_at=0.0), traffic, 5.0, CFG, in_flight=True).state
+    held = update_feedback(state, traffic, 20.0, CFG, in_flight=False)
+    assert held.state.itl_frac == 0.0 and held.reason == Reason.SLA_FEEDBACK_FROZEN
+    assert update_feedback(held.state, traffic, 40.0, CFG, in_flight=False).state.itl_frac > 0.0
