@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from planner.errors import PlannerError
 
-__all__ = ["Busy", "DeadlineMissed", "OffLoop", "OffLoopError", "TickHold"]
+__all__ = ["Busy", "DeadlineMissed", "OffLoop", "OffLoopError", "TickGuard", "TickHold"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _MISSED: Any = object()
@@ -102,6 +105,58 @@ class OffLoop:
                 self.missed += 1
             raise DeadlineMissed(f"{self.name}: no answer within {deadline_s:g} s")
         return result
+
+
+class TickGuard:
+    """The tick's core step off the loop with its deadline, the holds it caused (by reason, the last one with its
+    detail; logged once per spell) and whether ticks decide (:meth:`ticking`, what the Lease elector's health
+    check reads). Handed the runner's clocks; it never imports the runner."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        deadline_s: float,
+        stale_after_s: float,
+    ) -> None:
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.deadline_s = deadline_s
+        self.stale_after_s = stale_after_s
+        self.off_loop = OffLoop("planner-decide", clock=clock, slots=1)
+        self.started_at = clock()
+        self.last_good_at: float | None = None  # monotonic: the last tick whose core step answered in time
+        self.last_hold: dict[str, Any] | None = None  # the last tick held without deciding: reason, detail, at_s
+        self.holds: dict[str, int] = {}  # by TickHold
+        self._holding: str | None = None  # the reason of the current spell of holds
+
+    async def decide(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)`` off the loop within the deadline; None (a hold, recorded) when it misses the deadline or
+        an earlier step is still running (none is stacked on it)."""
+        if self.off_loop.running:
+            self._hold(TickHold.DECIDE_STILL_RUNNING, "the core step of an earlier tick has not ended; none stacked")
+            return None
+        try:
+            result = await self.off_loop.run(fn, *args, deadline_s=self.deadline_s)
+        except DeadlineMissed as exc:
+            self._hold(TickHold.DECIDE_DEADLINE_MISSED, f"{exc} (tick_deadline_s): nothing decided, nothing sent")
+            return None
+        self.last_good_at = self._clock()
+        self._holding = None
+        return result
+
+    def _hold(self, reason: TickHold, detail: str) -> None:
+        self.holds[reason.value] = self.holds.get(reason.value, 0) + 1
+        self.last_hold = {"reason": reason.value, "detail": detail, "at_s": self._wall_clock()}
+        if self._holding != reason.value:
+            log.warning("tick held (%s): %s", reason.value, detail)
+            self._holding = reason.value
+
+    def ticking(self) -> bool:
+        """Whether a core step answered within ``stale_after_s`` (the start counts as one)."""
+        last = self.last_good_at if self.last_good_at is not None else self.started_at
+        return self._clock() - last < self.stale_after_s
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

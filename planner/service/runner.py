@@ -14,6 +14,7 @@ The runner composes parts that never import it (arrows run from here down)::
            ──> actuation         send-or-not gate, outcome records, status read, actuator errors
            ──> views             explain, what-if
            ──> diagnostics_view  the diagnostics document
+           ──> deadline          the core's step and the what-if off the event loop, with deadlines (TickGuard)
            ──> operations        durable state + audit, pause, fallback, Events and conditions, decision log
 
 Each part is handed what it needs (a clock function, a leader flag, the history); the runner wires them,
@@ -38,18 +39,16 @@ from typing import Any, Protocol
 
 import msgspec
 
-from perf_model.api import PerfPredictor
-from perf_model.model import PerfModel
 from planner.actuators.base import Actuator, ScaleRequest, ServiceStatus, replica_bounds
-from planner.core import CoreConfig, CoreState, Decision, Observation, Traffic
+from planner.core import CoreConfig, CoreState, Observation, Traffic
 from planner.core import load_config as load_core_config
-from planner.discovery import Discovery, EngineCapacity, LeaseRegistry, Role, StaticFileDiscovery, WorkerRecord
+from planner.discovery import Discovery, EngineCapacity, Role, WorkerRecord
 from planner.errors import ActuatorError, ConfigError, LeaseError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.service.actuation import Actuation, ActuatorErrorEntry, Gate
 from planner.service.auth import Credentials, load_credentials
 from planner.service.config import ServiceConfig
-from planner.service.deadline import DeadlineMissed, OffLoop, TickHold
+from planner.service.deadline import OffLoop, TickGuard
 from planner.service.deciding import Decider, agree_bounds
 from planner.service.diagnostics_view import DiagnosticsView, TickFigures
 from planner.service.history import DecisionEntry, History, OutcomeEntry
@@ -173,15 +172,17 @@ class PlannerRunner:
         self._tick_lock = asyncio.Lock()
         self._running = False
         # the core runs off the event loop with a deadline: a stuck step never freezes the API or SIGTERM
-        self._decide = OffLoop("planner-decide", clock=self.now, slots=1)
+        # a replica whose ticks stop deciding for three intervals plus the deadline is not ticking
+        self.tick_guard = TickGuard(
+            clock=self.now,
+            wall_clock=time.time,
+            deadline_s=config.tick_deadline_s,
+            stale_after_s=3 * config.tick_interval_s + config.tick_deadline_s,
+        )
         self._what_if = OffLoop("planner-what-if", clock=self.now, slots=config.what_if_concurrency)
-        self.last_good_tick_at: float | None = None  # monotonic: the last tick whose core step answered
-        self.last_tick_hold: dict[str, Any] | None = None  # the last tick held without deciding, and why
-        self.tick_holds: dict[str, int] = {}  # by TickHold
-        self._holding: str | None = None  # the reason of the current spell of holds (logged once per spell)
         set_health_check = getattr(elector, "set_health_check", None)
         if set_health_check is not None:  # the Lease elector renews only while ticks decide
-            set_health_check(self.ticking)
+            set_health_check(self.tick_guard.ticking)
 
     # -- clock ---------------------------------------------------------------------------------------------
 
@@ -198,19 +199,7 @@ class PlannerRunner:
     def is_leader(self) -> bool:
         return True if self.elector is None else bool(self.elector.is_leader)
 
-    # -- the parts' state, read through ---------------------------------------------------------------------
-
-    @property
-    def leases(self) -> LeaseRegistry:
-        return self.registry.leases
-
-    @property
-    def static(self) -> StaticFileDiscovery | None:
-        return self.registry.static
-
-    @property
-    def workers(self) -> Mapping[str, WorkerRecord]:
-        return self.registry.workers
+    # -- the parts' state, read through (what tests and callers read) ------------------------------------
 
     @property
     def core_config(self) -> CoreConfig:
@@ -221,40 +210,9 @@ class PlannerRunner:
         return self.decider.core_state
 
     @property
-    def last_observation(self) -> Observation | None:
-        return self.decider.last_observation
-
-    @property
-    def last_decisions(self) -> Mapping[str, Decision]:
-        return self.decider.last_decisions
-
-    @property
     def traffic(self) -> dict[Role, Traffic]:
+        """Traffic set by whoever knows it (the demo's router); it overrides what the FPM extension gives."""
         return self.decider.traffic
-
-    @property
-    def status(self) -> Mapping[str, ServiceStatus] | None:
-        return self.actuation.status
-
-    @property
-    def status_error(self) -> str | None:
-        return self.actuation.status_error
-
-    @property
-    def actuator_errors(self) -> deque[ActuatorErrorEntry]:
-        return self.actuation.errors
-
-    @property
-    def perf_models(self) -> Mapping[Role, PerfModel]:
-        return self.perf.models
-
-    @property
-    def predictors(self) -> Mapping[Role, PerfPredictor] | None:
-        return self.perf.predictors
-
-    @property
-    def perf_model_error(self) -> str | None:
-        return self.perf.error
 
     # -- discovery -----------------------------------------------------------------------------------------
 
@@ -429,15 +387,13 @@ class PlannerRunner:
             observation = self.decider.observe(
                 self.registry.workers, snapshot, status, self.registry.not_ready(self.now())
             )
-            decided = await self._decide_off_loop(observation, snapshot.now)
+            decided = await self.tick_guard.decide(self.decider.decide, observation, snapshot.now, self.perf.predictors)
             if decided is None:  # held: nothing decided, nothing sent
                 self.ticks += 1
                 self.last_tick_at = now
                 self.tick_durations_s.append(time.perf_counter() - started)
                 return
             state, decisions = decided
-            self.last_good_tick_at = now
-            self._holding = None
             planned = self.decider.commit(
                 state,
                 observation,
@@ -465,34 +421,6 @@ class PlannerRunner:
             duration_s = time.perf_counter() - started
             self.tick_durations_s.append(duration_s)
             self.metrics.tick_duration_seconds.observe(duration_s)
-
-    async def _decide_off_loop(self, observation: Observation, now: float) -> tuple[CoreState, list[Decision]] | None:
-        """The core's step in a thread of its own, awaited for at most ``tick_deadline_s``; None (a hold,
-        recorded with its reason) when it misses the deadline or an earlier step is still running."""
-        if self._decide.running:
-            self._hold(TickHold.DECIDE_STILL_RUNNING, "the core step of an earlier tick has not ended; none stacked")
-            return None
-        try:
-            return await self._decide.run(
-                self.decider.decide, observation, now, self.perf.predictors, deadline_s=self.config.tick_deadline_s
-            )
-        except DeadlineMissed as exc:
-            self._hold(TickHold.DECIDE_DEADLINE_MISSED, f"{exc} (tick_deadline_s): nothing decided, nothing sent")
-            return None
-
-    def _hold(self, reason: TickHold, detail: str) -> None:
-        self.tick_holds[reason.value] = self.tick_holds.get(reason.value, 0) + 1
-        self.last_tick_hold = {"reason": reason.value, "detail": detail, "at_s": time.time()}
-        if self._holding != reason.value:
-            log.warning("tick held (%s): %s", reason.value, detail)
-            self._holding = reason.value
-
-    def ticking(self) -> bool:
-        """Whether a tick's core step answered recently: within three tick intervals plus the deadline (the
-        start counts as one). The Lease elector renews only while this holds, so a replica whose ticks stop
-        deciding hands the Lease over."""
-        last = self.last_good_tick_at if self.last_good_tick_at is not None else self.started_at
-        return self.now() - last < 3 * self.config.tick_interval_s + self.config.tick_deadline_s
 
     def observe(self, snapshot: FleetSnapshot, status: Mapping[str, ServiceStatus] | None) -> Observation:
         return self.decider.observe(self.registry.workers, snapshot, status, self.registry.not_ready(self.now()))
@@ -529,7 +457,7 @@ class PlannerRunner:
         The core runs off the event loop: raises DeadlineMissed after ``what_if_deadline_s``, Busy when
         ``what_if_concurrency`` what-ifs are still computing."""
         now = self.now()
-        observation = self.observe(self.subscriber.snapshot(now), self.status)
+        observation = self.observe(self.subscriber.snapshot(now), self.actuation.status)
         observation, config = what_if_inputs(
             observation, self.decider.core_config, self.decider.last_decisions, request
         )
@@ -566,7 +494,7 @@ class PlannerRunner:
             last_tick_error=self.last_tick_error,
             tick_interval_s=self.config.tick_interval_s,
             last_tick_duration_ms=None if not self.tick_durations_s else self.tick_durations_s[-1] * 1000.0,
-            last_tick_hold=self.last_tick_hold,
-            tick_holds=dict(self.tick_holds),
-            ticking=self.ticking(),
+            last_tick_hold=self.tick_guard.last_hold,
+            tick_holds=dict(self.tick_guard.holds),
+            ticking=self.tick_guard.ticking(),
         )
