@@ -208,3 +208,16 @@ def test_a_decode_error_names_the_version_and_the_cause() -> None:
         fpm.decode(b"\xc1")
     message = str(info.value)
     assert message.startswith("not an FPM v1 payload: ") and "malformed" in message
+
+
+def test_a_payload_nested_too_deep_is_a_decode_error_naming_the_cause() -> None:
+    payload = b"\x81\xa1x" + b"\x91" * 200_000 + b"\xc0"  # {"x": [[[...]]]}: an unknown key, nested too deep
+    with pytest.raises(fpm.FpmDecodeError) as info:
+        fpm.decode(payload)
+    assert str(info.value).startswith("not an FPM v1 payload: RecursionError: ")
+    assert isinstance(info.value.__cause__, RecursionError)
+
+
+def test_traffic_is_checked_on_the_slow_path_too() -> None:
+    s = sample(counter_id=-1, wall_time=0.01, traffic=fpm.StepTraffic(arrivals=hist(count=2)))
+    assert fpm.invalid_fields(s) == ("counter_id", "traffic.arrivals")
