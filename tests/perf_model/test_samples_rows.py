@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from perf_model.features import valid_load
-from perf_model.samples import SampleFilter, SampleVerdict
+from perf_model.samples import CoverageStore, Sample, SampleFilter, SampleVerdict, load_bins
 from planner.discovery import Role
 from planner.errors import ConfigError
 from worker_shim.fpm import ForwardPassMetrics, ScheduledRequests
@@ -144,3 +144,51 @@ def test_nonsense_settings_are_refused(warmup: int, factor: float) -> None:
 )
 def test_valid_load(load: tuple[float, float, float, float], valid: bool) -> None:
     assert valid_load(load) is valid
+
+
+def sample_at(load: tuple[float, float, float, float], at: float) -> Sample:
+    return Sample(load=load, wall_time_ms=10.0, at=at)
+
+
+@pytest.mark.parametrize(
+    ("role", "load", "bins"),
+    [
+        (Role.PREFILL, (0.0, 3.0, 9.0, 9.0), (0, 4)),  # int(2 log2(1 + x)): 0 -> 0, 3 -> 4
+        (Role.DECODE, (9.0, 9.0, 1.0, 15.0), (2, 8)),
+        (Role.AGG, (7.0, 0.0, 1.0, 255.0), (6, 2, 16)),
+    ],
+)
+def test_load_bins_are_half_octaves_of_the_roles_terms(
+    role: Role, load: tuple[float, float, float, float], bins: tuple[int, ...]
+) -> None:
+    assert load_bins(role, load) == bins
+
+
+def test_the_coverage_store_caps_each_bin_and_the_total() -> None:
+    store = CoverageStore(Role.DECODE, max_samples=5, per_bin=2)
+    small, large, huge = (0.0, 0.0, 1.0, 10.0), (0.0, 0.0, 100.0, 10_000.0), (0.0, 0.0, 1000.0, 10**6)
+    for at in (1.0, 2.0, 3.0):
+        store.add(sample_at(small, at))  # the bin keeps its 2 newest
+    assert (len(store), store.bins, store.added) == (2, 1, 3)
+    assert [s.at for s in store] == [2.0, 3.0]
+    for at in (4.0, 5.0):
+        store.add(sample_at(large, at))
+    store.add(sample_at(huge, 6.0))
+    assert (len(store), store.bins, store.added) == (5, 3, 6)
+    store.add(sample_at(huge, 7.0))  # 6 > 5: a fullest bin (2 each) gives up its oldest sample, the oldest bin's
+    assert (len(store), store.added) == (5, 7)
+    assert sorted(s.at for s in store) == [3.0, 4.0, 5.0, 6.0, 7.0]
+    store.clear()
+    assert (len(store), store.bins, list(store)) == (0, 0, [])
+
+
+def test_defaults_and_refused_settings() -> None:
+    store = CoverageStore(Role.DECODE)
+    assert (store.max_samples, store.per_bin, store.added, store.role) == (4096, 64, 0, Role.DECODE)
+    assert CoverageStore(Role.DECODE, max_samples=1, per_bin=1).per_bin == 1
+    for max_samples, per_bin in ((0, 1), (1, 0)):
+        with pytest.raises(ConfigError, match=f"need max_samples >= 1 and per_bin >= 1, got {max_samples}, {per_bin}"):
+            CoverageStore(Role.DECODE, max_samples=max_samples, per_bin=per_bin)
+    f = SampleFilter(Role.DECODE)
+    assert (f.warmup_steps, f.outlier_factor) == (16, 3.0)
+    assert SampleFilter(Role.DECODE, outlier_factor=1.5).outlier_factor == 1.5
