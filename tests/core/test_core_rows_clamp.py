@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from planner.core import PolicyKind, Reason, RoleBounds, RoleConfig, ScaleRules, ScalingPolicy, SelectPolicy
+from planner.core import PolicyKind, Reason, RoleBounds, ScaleRules, ScalingPolicy, SelectPolicy
 from planner.core.clamp import BudgetAsk, apply_bounds, apply_gpu_budget, rate_limit, stabilize
+from planner.core.config import hpa_scale_down, hpa_scale_up
 
 NOW = 100.0
-UP = RoleConfig().scale_up  # max(+100 %, +4) per 15 s
-DOWN = RoleConfig().scale_down  # -100 % per 15 s
+UP = hpa_scale_up()  # max(+100 %, +4) per 15 s
+DOWN = hpa_scale_down()  # -100 % per 15 s, 300 s window
 
 
 def rules(*policies: tuple[PolicyKind, float, float], select: SelectPolicy = SelectPolicy.MAX) -> ScaleRules:

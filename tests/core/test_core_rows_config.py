@@ -23,7 +23,7 @@ from planner.core import (
     SlaTargets,
     ThresholdConfig,
 )
-from planner.core.config import SlaFeedbackConfig
+from planner.core.config import SlaFeedbackConfig, hpa_scale_down, hpa_scale_up
 from planner.discovery import Role
 
 INF, NAN = math.inf, math.nan
@@ -81,6 +81,9 @@ ROWS = [
     Row(RoleConfig, "headroom_frac", (0.0, 0.999), (-1e-9, 1.0)),
     Row(RoleConfig, "itl_headroom_frac", (None, 0.0, 0.999), (-1e-9, 1.0)),
     Row(RoleConfig, "default_max_num_batched_tokens", (1,), (0,)),
+    Row(RoleConfig, "scale_down_window_startups", (None, 0.0), (-1e-9, INF, NAN)),
+    Row(RoleConfig, "hold_across_gaps_max_s", (None, 0.0), (-1e-9, INF, NAN)),
+    Row(RoleConfig, "in_flight_raise_rate_growth_frac", (None, 1e-9), (0.0, INF, NAN)),
 ]
 
 
@@ -90,7 +93,7 @@ def test_field_edges(row: Row) -> None:
     for value in row.accepted:
         assert getattr(row.build(**{**base, row.field: value}), row.field) == value
     for value in row.refused:
-        with pytest.raises(CoreConfigError):
+        with pytest.raises(CoreConfigError, match=row.field):  # the message names the field
             row.build(**{**base, row.field: value})
 
 
@@ -106,7 +109,8 @@ def test_actuator_bounds_must_intersect_the_own_ones(actuator: tuple[int, int], 
         effective = config.effective_bounds
         assert (effective.min_replicas, effective.max_replicas) == (max(2, actuator[0]), min(5, actuator[1]))
     else:
-        with pytest.raises(CoreConfigError, match=r"bounds \[2, 5\] do not intersect"):
+        message = rf"bounds \[2, 5\] do not intersect the actuator's \[{actuator[0]}, {actuator[1]}\]"
+        with pytest.raises(CoreConfigError, match=message):
             RoleConfig(min_replicas=2, max_replicas=5, actuator_bounds=bounds)
 
 
@@ -127,3 +131,18 @@ def test_with_bounds_replaces_only_the_roles_it_names() -> None:
     assert changed.role(Role.PREFILL) == config.role(Role.PREFILL)
     assert changed.max_total_gpus == 16
     assert changed.bounds().roles[Role.DECODE] == RoleBounds(min_replicas=3, max_replicas=4)
+
+
+def test_hpa_defaults_and_roles_left_out() -> None:
+    assert hpa_scale_up() == ScaleRules(
+        stabilization_window_s=0.0,
+        policies=(
+            ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),
+            ScalingPolicy(kind=PolicyKind.REPLICAS, value=4.0, period_s=15.0),
+        ),
+    )
+    assert hpa_scale_down() == ScaleRules(
+        stabilization_window_s=300.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
+    )
+    assert set(CoreConfig(roles={}).roles) == set(Role)
+    assert set(CoreConfig(roles={Role.DECODE: RoleConfig(max_replicas=3)}).roles) == set(Role)
