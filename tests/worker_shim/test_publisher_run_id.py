@@ -19,7 +19,10 @@ def _read(sub: zmq.Socket[bytes], pub: FpmPublisher, want: int) -> list[fpm.Forw
     while len(got) < want or all(m.is_heartbeat for m in got):
         assert time.monotonic() < deadline, "publisher messages not received"
         pub.publish(0.01, ScheduledRequests(num_decode_requests=1), QueuedRequests())
-        while sub.poll(10):
+        # heartbeats arrive every millisecond, so drain a bounded batch and publish again
+        for _ in range(want):
+            if not sub.poll(10):
+                break
             got.append(fpm.decode(fpm.parse_frames(sub.recv_multipart())[2]))
     return got
 
