@@ -35,7 +35,7 @@ import yaml
 from planner.errors import ConfigError
 from planner.ingest.store import FpmLimits
 from planner.transport.settings import NatsSettings, Transport
-from worker_shim.curve import CurveClientKeys
+from worker_shim.curve import CurveClientKeys, CurveKeyError
 
 __all__ = [
     "ENV_VARS",
@@ -92,10 +92,14 @@ class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     curve_client_secret_key_file: str | None = None  # the planner's own keypair (None: drawn at start)
 
     def curve_keys(self) -> CurveClientKeys | None:
-        """The subscriber's CURVE keys, read from their files now (None: CURVE off); raises CurveKeyError."""
+        """The subscriber's CURVE keys, read from their files now (None: CURVE off); a file that cannot be read
+        or lacks its key raises ConfigError naming the settings."""
         if self.curve_server_public_key_file is None:
             return None
-        return CurveClientKeys.from_files(self.curve_server_public_key_file, self.curve_client_secret_key_file)
+        try:
+            return CurveClientKeys.from_files(self.curve_server_public_key_file, self.curve_client_secret_key_file)
+        except CurveKeyError as exc:
+            raise ConfigError(f"ingest.curve_server_public_key_file / curve_client_secret_key_file: {exc}") from exc
 
 
 class HistoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import zmq.auth
 
+from planner.errors import ConfigError
 from planner.ingest.store import DropReason
 from planner.service.config import load_config
 from tests.service.support import AUTH, TOKEN, registration, serve, wait_for
@@ -48,5 +49,6 @@ def test_a_missing_curve_key_file_refuses_to_start(tmp_path: Path) -> None:
     config_file = tmp_path / "planner.yaml"
     config_file.write_text(f"ingest: {{curve_server_public_key_file: {tmp_path / 'nope.key'}}}\n")
     config = load_config(config_file, {"FPM_PLANNER_TOKEN": TOKEN})
-    with pytest.raises(CurveKeyError, match="nope"):
+    with pytest.raises(ConfigError, match=r"ingest\.curve_server_public_key_file .*nope") as raised:
         config.ingest.curve_keys()
+    assert isinstance(raised.value.__cause__, CurveKeyError)

@@ -28,6 +28,25 @@ def test_a_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert result.stderr.strip() == f"fpm-planner serve: {path}: tick_interval_s: expected float > 0.0"
 
 
+def test_an_unreadable_curve_key_file_exits_2_naming_the_setting(tmp_path: Path) -> None:
+    path = tmp_path / "planner.yaml"
+    missing = tmp_path / "server.key"
+    path.write_text(f"ingest:\n  curve_server_public_key_file: {missing}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(
+        "fpm-planner serve: ingest.curve_server_public_key_file / curve_client_secret_key_file:"
+    )
+    assert str(missing) in result.stderr
+
+
 def test_sigterm_stops_the_service_cleanly(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "FPM_PLANNER_TICK_INTERVAL_S": "0.2", "FPM_PLANNER_TOKEN": "t" * 32}
