@@ -38,6 +38,7 @@ import zmq.asyncio
 from nats.aio.client import Client
 
 from planner.transport.subjects import subject
+from worker_shim.loop_thread import LoopThread
 
 __all__ = ["FpmRelay", "RelayStats", "main"]
 
@@ -85,9 +86,7 @@ class FpmRelay:
         self._nats_errors = 0
         self._reconnects = 0
         self._connected = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread(self.run, name="fpm-relay")
 
     def stats(self) -> RelayStats:
         return RelayStats(
@@ -189,36 +188,14 @@ class FpmRelay:
     # -- thread (embedded next to the engine, and tests) -----------------------------------------------------
 
     def start(self) -> FpmRelay:
-        if self._thread is None:
-            self._loop = asyncio.new_event_loop()
-            self._stopping = asyncio.Event()
-            self._thread = threading.Thread(target=self._run, name="fpm-relay", daemon=True)
-            self._thread.start()
+        self._thread.start()
         return self
-
-    def _run(self) -> None:
-        loop, stopping = self._loop, self._stopping
-        if loop is None or stopping is None:
-            return
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self.run(stopping))
-        except Exception:
-            log.exception("the FPM relay stopped")
-        finally:
-            loop.close()
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
 
     def close(self) -> None:
-        loop, thread, stopping = self._loop, self._thread, self._stopping
-        if loop is not None and thread is not None and stopping is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already ended
-                loop.call_soon_threadsafe(stopping.set)
-            thread.join(10.0)
-        self._thread = None
-        self._loop = None
+        self._thread.close()
 
     def __enter__(self) -> FpmRelay:
         return self.start()

@@ -36,6 +36,7 @@ from planner.shard.partition import partition
 from planner.shard.summary import ShardSummary, decode_summary, encode_summary, summarize
 from planner.transport.nats_source import NatsFpmSource
 from planner.transport.subjects import escape, worker_wildcard
+from worker_shim.loop_thread import LoopThread
 
 __all__ = ["IngestShard", "SummaryListener", "summary_subject", "summary_wildcard"]
 
@@ -133,9 +134,7 @@ class SummaryListener:
         self._subject = summary_wildcard(namespace)
         self._user = user
         self._password = password
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread(self._main, name="fpm-shard-summaries")
         self._ready = threading.Event()
 
     async def _on_msg(self, msg: Msg) -> None:
@@ -176,36 +175,14 @@ class SummaryListener:
             await nc.close()
 
     def start(self) -> SummaryListener:
-        if self._thread is None:
-            self._loop = asyncio.new_event_loop()
-            self._stopping = asyncio.Event()
-            self._thread = threading.Thread(target=self._run, name="fpm-shard-summaries", daemon=True)
-            self._thread.start()
+        self._thread.start()
         return self
-
-    def _run(self) -> None:
-        loop, stopping = self._loop, self._stopping
-        if loop is None or stopping is None:
-            return
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._main(stopping))
-        finally:
-            loop.close()
 
     def wait_ready(self, timeout_s: float) -> bool:
         return self._ready.wait(timeout_s)
 
     def close(self) -> None:
-        loop, thread, stopping = self._loop, self._thread, self._stopping
-        if loop is not None and thread is not None and stopping is not None:
-            try:
-                loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:
-                pass
-            thread.join(10.0)
-        self._thread = None
-        self._loop = None
+        self._thread.close()
 
     def __enter__(self) -> SummaryListener:
         return self.start()

@@ -38,6 +38,7 @@ from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from planner.ingest.subscriber import LinkStats, LinkTotals
 from planner.transport.subjects import namespace_wildcard, subject
 from worker_shim import fpm
+from worker_shim.loop_thread import LoopThread
 
 __all__ = ["NatsFpmSource"]
 
@@ -79,9 +80,7 @@ class NatsFpmSource:
         self._pending_msgs_limit = pending_msgs_limit
         self._reconnect_wait_s = reconnect_wait_s
         self._route: dict[str, str] = {}  # subject -> the discovered endpoint of that worker and rank
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping: asyncio.Event | None = None
+        self._thread = LoopThread(self._main, name="fpm-nats", on_error=self._loop_error)
         self._subscribed = threading.Event()
         self._nc: Client | None = None
         self._subs: dict[str, Subscription] = {}
@@ -104,13 +103,13 @@ class NatsFpmSource:
         before departed ones are dropped. From any thread but the source's own; applied at connect when not
         running."""
         self.subjects = tuple(dict.fromkeys(subjects))
-        loop = self._loop
+        loop = self._thread.loop
         if loop is not None and self._nc is not None and not loop.is_closed():
             asyncio.run_coroutine_threadsafe(self._sync_subscriptions(), loop).result(timeout_s)
 
     def publish(self, subj: str, payload: bytes, timeout_s: float = 10.0) -> bool:
         """Publish on this source's connection (a shard's summaries); False when not connected."""
-        loop, nc = self._loop, self._nc
+        loop, nc = self._thread.loop, self._nc
         if loop is None or nc is None or not nc.is_connected or loop.is_closed():
             return False
         asyncio.run_coroutine_threadsafe(nc.publish(subj, payload), loop).result(timeout_s)
@@ -240,42 +239,18 @@ class NatsFpmSource:
     # -- thread ----------------------------------------------------------------------------------------------
 
     def start(self) -> NatsFpmSource:
-        if self._thread is None:
-            self._loop = asyncio.new_event_loop()
-            self._stopping = asyncio.Event()
-            self._thread = threading.Thread(target=self._run, name="fpm-nats", daemon=True)
-            self._thread.start()
+        self._thread.start()
         return self
 
-    def _run(self) -> None:
-        loop, stopping = self._loop, self._stopping
-        if loop is None or stopping is None:
-            return
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._main(stopping))
-        except Exception:
-            self.loop_errors += 1
-            log.exception("the NATS ingest loop stopped")
-        finally:
-            loop.close()
+    def _loop_error(self, exc: BaseException) -> None:
+        self.loop_errors += 1
 
     def wait_subscribed(self, timeout_s: float) -> bool:
         """Block until the subscriptions are in place (or ``timeout_s`` passed); True when they are."""
         return self._subscribed.wait(timeout_s)
 
     def close(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None:
-            stopping = self._stopping
-            if stopping is not None and not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(stopping.set)
-                except RuntimeError:  # the loop already ended
-                    pass
-            thread.join(10.0)
-        self._thread = None
-        self._loop = None
+        self._thread.close()
 
     def __enter__(self) -> NatsFpmSource:
         return self.start()
