@@ -65,7 +65,6 @@ __all__ = [
     "DGD_VERSION",
     "KubernetesActuator",
     "KubernetesActuatorConfig",
-    "KubernetesOptions",
     "ScaleTarget",
     "TargetKind",
     "dgd_readiness",
@@ -562,82 +561,29 @@ def _compare(request: ScaleRequest, current: int, where: str) -> None:
         raise _Stop(mismatch.kind, mismatch.message, previous=current)
 
 
-class _TargetOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    service: str
-    kind: TargetKind = TargetKind.DGD
-    name: str
-    dgd_service: str = ""
-    adapter: str = ""
-    min_replicas: int = 0
-    max_replicas: int = 64
-
-
-class _ClientOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    host: str | None = None
-    in_cluster: bool = False
-    kubeconfig: str | None = None
-    context: str | None = None
-    verify_ssl: bool = True
-
-
-class KubernetesOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``actuator.options`` of the service configuration when ``actuator.kind`` is ``kubernetes``."""
-
-    namespace: str
-    targets: tuple[_TargetOptions, ...]
-    advisory: bool = False  # read status from the cluster, never write
-    client: _ClientOptions = _ClientOptions()
-    use_adapter: bool = True
-    defer_scale_up_when_not_ready: bool = True
-    max_attempts: int = 4
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 8.0
-    max_retry_after_s: float = 30.0
-    request_timeout_s: float = 10.0
-
-
 def from_options(options: Mapping[str, Any]) -> Actuator:
     """Build the actuator from the service configuration's ``actuator.options`` (see
-    :class:`KubernetesOptions` and docs/kubernetes.md). With ``advisory: true`` it is an AdvisoryActuator
-    reading this cluster's status. Raises :class:`ConfigError` naming the offending field."""
+    :class:`planner.actuators.kubernetes_options.KubernetesOptions` and docs/kubernetes.md). With
+    ``advisory: true`` it is an AdvisoryActuator reading this cluster's status. Raises :class:`ConfigError` naming
+    the offending field."""
     from planner.actuators.advisory import AdvisoryActuator
-    from planner.k8s.client import KubeClientConfig, make_api_client
+    from planner.actuators.kubernetes_options import parse_options
+    from planner.k8s.client import make_api_client
 
-    try:
-        opts = msgspec.convert(dict(options), KubernetesOptions)
-        targets = tuple(
-            ScaleTarget(
-                service=t.service,
-                kind=t.kind,
-                name=t.name,
-                dgd_service=t.dgd_service,
-                adapter=t.adapter,
-                bounds=ReplicaBounds(min_replicas=t.min_replicas, max_replicas=t.max_replicas),
-            )
-            for t in opts.targets
-        )
-        config = KubernetesActuatorConfig(
-            namespace=opts.namespace,
-            targets=targets,
-            use_adapter=opts.use_adapter,
-            defer_scale_up_when_not_ready=opts.defer_scale_up_when_not_ready,
-            max_attempts=opts.max_attempts,
-            backoff_initial_s=opts.backoff_initial_s,
-            backoff_max_s=opts.backoff_max_s,
-            max_retry_after_s=opts.max_retry_after_s,
-            request_timeout_s=opts.request_timeout_s,
-        )
-        client_cfg = KubeClientConfig(
-            host=opts.client.host,
-            in_cluster=opts.client.in_cluster,
-            kubeconfig=opts.client.kubeconfig,
-            context=opts.client.context,
-            verify_ssl=opts.client.verify_ssl,
-            request_timeout_s=opts.request_timeout_s,
-        )
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise ConfigError(f"actuator.options: {exc}") from exc
-    actuator = KubernetesActuator(make_api_client(client_cfg), config)
+    parsed = parse_options(options)
+    opts = parsed.options
+    config = KubernetesActuatorConfig(
+        namespace=opts.namespace,
+        targets=parsed.targets,
+        use_adapter=opts.use_adapter,
+        defer_scale_up_when_not_ready=opts.defer_scale_up_when_not_ready,
+        max_attempts=opts.max_attempts,
+        backoff_initial_s=opts.backoff_initial_s,
+        backoff_max_s=opts.backoff_max_s,
+        max_retry_after_s=opts.max_retry_after_s,
+        request_timeout_s=opts.request_timeout_s,
+    )
+    actuator = KubernetesActuator(make_api_client(parsed.client), config)
     if opts.advisory:
-        return AdvisoryActuator({t.service: t.bounds for t in targets}, reader=actuator)
+        return AdvisoryActuator({t.service: t.bounds for t in parsed.targets}, reader=actuator)
     return actuator

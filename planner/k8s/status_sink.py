@@ -12,11 +12,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
 from kubernetes import client as k8s
 
-from planner.actuators.kubernetes import DGD_GROUP, DGD_PLURAL, DGD_VERSION, KubernetesOptions, ScaleTarget, TargetKind
-from planner.errors import ConfigError
+from planner.actuators.kubernetes import DGD_GROUP, DGD_PLURAL, DGD_VERSION, ScaleTarget, TargetKind
+from planner.actuators.kubernetes_options import parse_options
 from planner.k8s.errors import CLIENT_ERRORS
 from planner.k8s.events import (
     ConditionWriter,
@@ -113,24 +112,10 @@ class KubeStatusSink:
 
 def from_options(options: Mapping[str, Any], *, reporting_instance: str = "fpm-planner") -> KubeStatusSink:
     """A sink for the targets of the Kubernetes actuator's ``actuator.options`` (same client settings)."""
-    from planner.k8s.client import KubeClientConfig, make_api_client
+    from planner.k8s.client import make_api_client
 
-    try:
-        opts = msgspec.convert(dict(options), KubernetesOptions)
-        targets = {
-            t.service: ScaleTarget(
-                service=t.service, kind=t.kind, name=t.name, dgd_service=t.dgd_service, adapter=t.adapter
-            )
-            for t in opts.targets
-        }
-        client_cfg = KubeClientConfig(
-            host=opts.client.host,
-            in_cluster=opts.client.in_cluster,
-            kubeconfig=opts.client.kubeconfig,
-            context=opts.client.context,
-            verify_ssl=opts.client.verify_ssl,
-            request_timeout_s=opts.request_timeout_s,
-        )
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise ConfigError(f"actuator.options: {exc}") from exc
-    return KubeStatusSink(make_api_client(client_cfg), opts.namespace, targets, reporting_instance=reporting_instance)
+    parsed = parse_options(options)
+    targets = {t.service: t for t in parsed.targets}
+    return KubeStatusSink(
+        make_api_client(parsed.client), parsed.options.namespace, targets, reporting_instance=reporting_instance
+    )
