@@ -23,6 +23,7 @@ latency p50/p99 (the client, the publishers and the service share this process: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import sys
@@ -33,7 +34,6 @@ from typing import Any
 
 import httpx
 import msgpack
-import uvicorn
 import zmq
 
 from planner.bench.faults import GarbagePeer, ResettingProxy
@@ -42,6 +42,7 @@ from planner.ingest.store import DropReason
 from planner.service.app import create_app
 from planner.service.config import load_config
 from planner.service.runner import PlannerRunner
+from planner.service.server import serve_in_thread
 from worker_shim import fpm
 from worker_shim.fpm import QueuedRequests, ScheduledRequests
 from worker_shim.publisher import FpmPublisher
@@ -125,14 +126,8 @@ def measure(publishers: int, hz: float, seconds: float, kill_every_s: float) -> 
     rss_start = _rss_mb()
     config = load_config(None, {"FPM_PLANNER_TOKEN": _TOKEN, "FPM_PLANNER_TICK_INTERVAL_S": "0.25"})
     runner = PlannerRunner(config)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(runner), log_level="error"))
-    server_thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    server_thread.start()
-    while not server.started and server_thread.is_alive():
-        time.sleep(0.01)
+    serving = contextlib.ExitStack()
+    port = serving.enter_context(serve_in_thread(create_app(runner), log_level="error"))
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(publishers)]
     pubs: list[FpmPublisher] = []
@@ -198,9 +193,7 @@ def measure(publishers: int, hz: float, seconds: float, kill_every_s: float) -> 
         for proxy in proxies:
             proxy.close()
         garbage.close()
-        server.should_exit = True
-        server_thread.join(60.0)
-        listener.close()
+        serving.close()
         ctx.destroy(linger=0)
     sub = runner.subscriber
     store = runner.store

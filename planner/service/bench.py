@@ -10,22 +10,21 @@ JSON line of figures (milliseconds; the client runs in the same process, so thes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import socket
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import httpx
-import uvicorn
 
 from planner.bench.percentile import p50_p99
 from planner.service.app import create_app
 from planner.service.config import load_config
 from planner.service.runner import PlannerRunner
+from planner.service.server import serve_in_thread
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -53,14 +52,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = load_config(None, {"FPM_PLANNER_TOKEN": _TOKEN, "FPM_PLANNER_TICK_INTERVAL_S": "0.25"})
     runner = PlannerRunner(config)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(runner), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    serving = contextlib.ExitStack()
+    port = serving.enter_context(serve_in_thread(create_app(runner)))
     ports = iter(range(21000, 65000))
     headers = {"Authorization": f"Bearer {_TOKEN}"}
     bodies = {
@@ -99,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 "endpoints_connected": len(runner.subscriber.endpoints),
             }
     finally:
-        server.should_exit = True
-        thread.join(60.0)
-        sock.close()
+        serving.close()
     if args.json:
         print(json.dumps(figures))
     else:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
-from collections.abc import Generator
+import time
+from collections.abc import Generator, Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
-__all__ = ["GracefulServer"]
+__all__ = ["GracefulServer", "serve_in_thread"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -37,3 +40,25 @@ class GracefulServer(uvicorn.Server):
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, *, log_level: str = "warning") -> Iterator[int]:
+    """Serve ``app`` on a free loopback port from a daemon thread (benchmarks); yields the port once the server
+    has started, and stops it on exit."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port: int = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the benchmark's uvicorn server did not start")
+            time.sleep(0.01)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(60.0)
+        listener.close()
