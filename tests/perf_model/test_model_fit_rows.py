@@ -184,3 +184,29 @@ def test_prefill_model_at_one_load_level_names_the_prefill_tokens_gap() -> None:
         model.observe(sample, now=float(counter))
     model.refit(now=50.0)
     assert model.status().not_ready_because == ("prefill_tokens spans 1 half-octave bins, need 4",)
+
+
+def test_live_aggregated_prefill_capacity_follows_the_documented_queue(h200_dir: Path) -> None:
+    timer = ProfileStepTimer.from_dir(h200_dir)
+    rng = np.random.default_rng(11)
+    model = PerfModel(Role.AGG, bootstrap=timer)
+    model.observe_many(timed_samples(timer, synthetic_loads(Role.AGG, 1500, rng), rng), now=0.0)
+    assert model.maybe_refit(now=0.0)
+    assert model.source is ModelSource.LIVE
+    isl, chunk = 2000.0, 8192
+    # a prompt shorter than the chunk: its own prefill-only step, sharing the floor with the chunk's others
+    alone = model.predict_ttft_ms(isl, 0.0, chunk).upper_ms
+    floor_ms = model.predict_step_ms(1.0, 0.0, 0.0, 0.0).upper_ms
+    service_ms = model.predict_step_ms(isl, 0.0, 0.0, 0.0).upper_ms - floor_ms + floor_ms * isl / chunk
+    ttft_target_ms = alone + service_ms  # M/D/1: 2w / (S + 2w) = 2/3, under the 0.95 cap
+    got = model.capacity(
+        isl_tokens=isl,
+        osl_tokens=200.0,
+        ttft_target_ms=ttft_target_ms,
+        itl_target_ms=30.0,
+        max_num_batched_tokens=chunk,
+    )
+    wait_ms = ttft_target_ms - alone
+    rho = min(0.95, 2.0 * wait_ms / (service_ms + 2.0 * wait_ms))
+    assert rho == pytest.approx(2.0 / 3.0)
+    assert got.prefill_rps == pytest.approx(rho / service_ms * 1000.0, rel=1e-12)
