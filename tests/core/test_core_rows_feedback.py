@@ -123,3 +123,18 @@ def test_disabled_feedback_clears_the_corrections_and_reports_nothing() -> None:
     update = update_feedback(state, itl_seen(0.5), 5.0, off, in_flight=False)
     assert update.state == FeedbackState(last_at=5.0)
     assert update.reason is None and update.detail == ""
+
+
+@pytest.mark.parametrize("window_s", [10.0, 120.0])
+def test_tightening_stays_frozen_for_one_attainment_window_of_the_traffic_after_an_action_settled(
+    window_s: float,
+) -> None:
+    # The window the traffic reports still holds the misses of requests that arrived before the capacity served.
+    def seen(frac: float) -> Traffic:
+        return Traffic(itl_attainment_frac=frac, itl_samples_in_window=500, window_s=window_s)
+
+    state = update_feedback(FeedbackState(itl_frac=0.1, last_at=0.0), seen(0.9), 5.0, CFG, in_flight=True).state
+    inside = update_feedback(state, seen(0.9), 5.0 + 0.9 * window_s, CFG, in_flight=False)
+    assert inside.state.itl_frac == 0.1 and inside.reason == Reason.SLA_FEEDBACK_FROZEN
+    after = update_feedback(inside.state, seen(0.9), 5.0 + 1.1 * window_s, CFG, in_flight=False)
+    assert after.state.itl_frac > 0.1 and after.reason in (Reason.SLA_FEEDBACK_TIGHTENED, Reason.SLA_FEEDBACK_CLAMPED)
