@@ -6,6 +6,7 @@ the decode-only step, TTFT is every chunk's step plus the overhead; readiness ga
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +78,9 @@ def test_fit_is_the_non_negative_least_squares_in_relative_error() -> None:
 def test_fit_is_scale_free_also_for_integer_wall_times() -> None:
     loads = decode_loads()
     y = np.array([curved(load) for load in loads])
-    fit = fit_step_time(Role.DECODE, loads, list(y), shape=False)
-    big = fit_step_time(Role.DECODE, loads, [round(v * 1e9) for v in y], shape=False)
+    fit = fit_step_time(Role.DECODE, loads, list(y))
+    big = fit_step_time(Role.DECODE, loads, [round(v * 1e9) for v in y])
+    assert big.hinges == fit.hinges
     assert big.coef_ms == pytest.approx(tuple(c * 1e9 for c in fit.coef_ms), rel=1e-6, abs=1e-3)
     assert big.mape == pytest.approx(fit.mape, rel=1e-3)
 
@@ -147,21 +149,25 @@ def test_itl_from_the_profile_is_the_decode_only_step(h200_dir: Path, role: Role
 
 
 def loop_ttft_ms(timer: ProfileStepTimer, isl: float, queued: float, chunk: float) -> float:
-    """Overhead + every step by a plain loop: the queue's full chunks, then the request's, each own chunk
-    reading the request's earlier chunks."""
-    total = timer.ttft_overhead_ms
+    return timer.ttft_overhead_ms + loop_steps_ms(lambda load: timer.step_time_ms(*load), isl, queued, chunk)
+
+
+def loop_steps_ms(step: Callable[[StepLoad], float], isl: float, queued: float, chunk: float) -> float:
+    """Every step by a plain loop: the queue's full chunks, then the request's, each own chunk reading the
+    request's earlier chunks."""
+    total = 0.0
     queue, done = queued, 0.0
     while done < isl:
         from_queue = min(queue, chunk)
         queue -= from_queue
         own = min(chunk - from_queue, isl - done)
         if own <= 0:
-            total += timer.step_time_ms(from_queue, 0.0, 0.0, 0.0)
+            total += step((from_queue, 0.0, 0.0, 0.0))
             continue
         if from_queue > 0:  # the chunk where the queue ends holds both
-            total += timer.step_time_ms(from_queue + own, 0.0, 0.0, 0.0)
+            total += step((from_queue + own, 0.0, 0.0, 0.0))
         else:
-            total += timer.step_time_ms(own, done, 0.0, 0.0)
+            total += step((own, done, 0.0, 0.0))
         done += own
     return total
 
@@ -187,12 +193,7 @@ def test_prefill_model_at_one_load_level_names_the_prefill_tokens_gap() -> None:
 
 
 def test_live_aggregated_prefill_capacity_follows_the_documented_queue(h200_dir: Path) -> None:
-    timer = ProfileStepTimer.from_dir(h200_dir)
-    rng = np.random.default_rng(11)
-    model = PerfModel(Role.AGG, bootstrap=timer)
-    model.observe_many(timed_samples(timer, synthetic_loads(Role.AGG, 1500, rng), rng), now=0.0)
-    assert model.maybe_refit(now=0.0)
-    assert model.source is ModelSource.LIVE
+    model = live_agg_model(ProfileStepTimer.from_dir(h200_dir))
     isl, chunk = 2000.0, 8192
     # a prompt shorter than the chunk: its own prefill-only step, sharing the floor with the chunk's others
     alone = model.predict_ttft_ms(isl, 0.0, chunk).upper_ms
@@ -210,3 +211,23 @@ def test_live_aggregated_prefill_capacity_follows_the_documented_queue(h200_dir:
     rho = min(0.95, 2.0 * wait_ms / (service_ms + 2.0 * wait_ms))
     assert rho == pytest.approx(2.0 / 3.0)
     assert got.prefill_rps == pytest.approx(rho / service_ms * 1000.0, rel=1e-12)
+
+
+def live_agg_model(timer: ProfileStepTimer) -> PerfModel:
+    rng = np.random.default_rng(11)
+    model = PerfModel(Role.AGG, bootstrap=timer)
+    model.observe_many(timed_samples(timer, synthetic_loads(Role.AGG, 1500, rng), rng), now=0.0)
+    assert model.maybe_refit(now=0.0)
+    assert model.source is ModelSource.LIVE
+    return model
+
+
+@pytest.mark.parametrize(("isl", "queued"), [(9000.0, 0.0), (20_000.0, 0.0), (9000.0, 5000.0)])
+def test_live_aggregated_ttft_is_every_prefill_only_chunk_step(h200_dir: Path, isl: float, queued: float) -> None:
+    model = live_agg_model(ProfileStepTimer.from_dir(h200_dir))
+    fit = model.status().fit
+    assert fit is not None and fit.coef_ms[fit.columns.index("decode")] > 0
+    estimate = model.predict_ttft_ms(isl, queued, 2048)
+    steps_ms = loop_steps_ms(fit.step_ms, isl, queued, 2048.0)
+    assert estimate.value_ms == pytest.approx(model.ttft_overhead_ms + steps_ms, rel=1e-9)
+    assert estimate.upper_ms == pytest.approx(model.ttft_overhead_ms + steps_ms * fit.band_ratio, rel=1e-9)
