@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.core import Action, CoreConfig, CoreState, Decision, RoleConfig, step
+from planner.core.config import hpa_scale_down
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load
 
@@ -56,7 +57,12 @@ def test_safety_invariants_hold_on_every_tick(
     fleet = Fleet()
     fleet.add_many(6, role, dp=dp)
     fleet.deploy(role.value, 6)
-    config = CoreConfig(roles={role: RoleConfig(min_replicas=min_replicas, max_replicas=12)}, max_total_gpus=10)
+    # The HPA scale-down window (300 s), pinned: the shipped default's window is two start-ups, measured from the
+    # deployment's desired -> ready transitions (planner.core.startup), so it has no fixed first edge to check.
+    rc = RoleConfig(
+        min_replicas=min_replicas, max_replicas=12, scale_down=hpa_scale_down(), scale_down_window_startups=None
+    )
+    config = CoreConfig(roles={role: rc}, max_total_gpus=10)
     state = CoreState()
     now = 0.0
     for spec in ticks:
