@@ -92,7 +92,7 @@ def test_aggregated_fit_on_decode_only_steps_leaves_the_prefill_columns_at_zero(
     assert fit.columns == ("one", "prefill", "prefill_attn", "decode", "decode_kv")
     assert fit.coef_ms[1:3] == (0.0, 0.0)
     assert fit.coef_ms == pytest.approx(tuple(oracle_coef(loads, y, Role.AGG)), rel=1e-6, abs=1e-12)
-    assert all(np.isfinite(fit.coef_ms)) and fit.mape < 0.1
+    assert np.isfinite(fit.coef_ms).all() and fit.mape < 0.1
 
 
 SHAPES = {

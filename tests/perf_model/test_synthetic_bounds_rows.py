@@ -44,6 +44,7 @@ def test_aggregated_decode_batches_reach_half_the_token_budget() -> None:
 @pytest.mark.parametrize("role", list(Role))
 def test_an_absent_part_carries_no_tokens(role: Role) -> None:
     loads = synthetic_loads(role, 3000, np.random.default_rng(13), max_num_batched_tokens=2048)
+    assert len(loads) == 3000
     assert all(k == 0 for _, _, b, k in loads if b == 0)  # no decode requests: no decode KV tokens
     assert all(pkv == 0 for p, pkv, _, _ in loads if p == 0)  # no prefill tokens: no cached prefill tokens
     if role is Role.AGG:
@@ -56,6 +57,7 @@ def test_cold_steps_span_5x_to_50x(h200_timer: ProfileStepTimer) -> None:
         h200_timer, loads, np.random.default_rng(15), noise_frac=0.0, outlier_frac=0.0, cold_steps=2000, engines=1
     )
     ratios = [s.wall_time / h200_timer.step_time_s(*load) for s, load in zip(samples, loads, strict=True)]
+    assert len(ratios) == 2000
     assert all(5.0 <= r <= 50.0 for r in ratios)
     assert min(ratios) < 5.5 and max(ratios) > 45.0  # the whole 5x..50x range
 
