@@ -92,7 +92,10 @@ def test_after_a_good_read_a_blind_planner_never_writes_below_the_last_known_cou
         try:
             with serve_runner(runner) as served:
                 http = served.http
-                wait_for(lambda: http.get("/v1/diagnostics").json()["services"][0]["deployment_desired"] == 8)
+                # the first tick may not have listed the service yet
+                wait_for(
+                    lambda: [s for s in http.get("/v1/diagnostics").json()["services"] if s["deployment_desired"] == 8]
+                )
                 emu.inject(Fault(method="GET", path_pattern=STATUS_READ, status=500, times=None))
                 wait_for(lambda: http.get("/v1/diagnostics").json()["actuator"]["status_error"])
                 assert http.patch(
