@@ -752,7 +752,7 @@ class FleetStore:
         slot = self._table.slot(worker_id, dp_rank)
         if slot is None:
             record = self._workers.get(worker_id)
-            endpoint = record.fpm_endpoints[dp_rank] if record and dp_rank < record.dp_size else ""
+            endpoint = record.fpm_endpoints[dp_rank] if record and 0 <= dp_rank < record.dp_size else ""
             return RankView(worker_id, dp_rank, endpoint, False, None, None, None, None, 0, 0, 0, 0, 0)
         cols = _RankColumns(self._seen_at, self._latest, self._active, self._samples, self._heartbeats, self._counts)
         return cols.view(self._table, slot, now, now - self._seen_at[slot] <= self.ttl_s)

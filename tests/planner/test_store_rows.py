@@ -231,8 +231,8 @@ def test_rank_view_of_a_heard_rank_reads_every_column() -> None:
 
 @pytest.mark.parametrize(
     ("worker_id", "dp_rank", "endpoint"),
-    [("w1", 0, E10), ("w1", 2, ""), ("nobody", 0, "")],
-    ids=["a discovered rank never heard from", "a rank past dp_size", "an unknown worker"],
+    [("w1", 0, E10), ("w1", 2, ""), ("w1", -1, ""), ("nobody", 0, "")],
+    ids=["a discovered rank never heard from", "a rank past dp_size", "a negative rank", "an unknown worker"],
 )
 def test_rank_view_of_a_rank_without_samples_is_empty(worker_id: str, dp_rank: int, endpoint: str) -> None:
     store = make_store()
