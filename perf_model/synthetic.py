@@ -34,7 +34,7 @@ def _prefill_part(rng: np.random.Generator, budget: float) -> tuple[float, float
     """(tokens, cached tokens) of the prefill work in one step with ``budget`` tokens."""
     if rng.random() < 0.4:  # a full chunk of a long prompt, after 0..3 earlier chunks
         return budget, float(rng.integers(0, 4)) * budget
-    tokens = float(round(_log_uniform(rng, 16.0, budget)))
+    tokens = float(round(_log_uniform(rng, min(16.0, budget), budget)))  # an aggregated step may leave < 16
     cached = 0.0 if rng.random() < 0.6 else float(round(_log_uniform(rng, 16.0, 16384.0)))
     return tokens, cached
 

@@ -84,3 +84,11 @@ def test_a_step_with_prefill_tokens_schedules_one_prefill_request(h200_timer: Pr
     counts = [s.scheduled_requests.num_prefill_requests for s in samples]
     assert counts == [1 if p > 0 else 0 for p, _, _, _ in loads]
     assert 1 in counts
+
+
+def test_aggregated_steps_stay_within_the_smallest_token_budget() -> None:
+    # The decode part may take up to half of a 16-token budget, leaving the prefill part fewer than 16 tokens.
+    loads = synthetic_loads(Role.AGG, 2000, np.random.default_rng(16), max_num_batched_tokens=16)
+    prefill_and_decode = [(p, b) for p, _, b, _ in loads if p > 0 and b > 0]
+    assert len(prefill_and_decode) > 100
+    assert all(1 <= p and p + b <= 16 for p, b in prefill_and_decode)
