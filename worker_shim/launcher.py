@@ -5,6 +5,8 @@
     fpm-worker --model M [any vllm serve flag ...] --worker-id W [--role agg] [--service S]
                (--register-url URL [--register-token-file F] | --register-file workers.yaml)
                [--restore] [--sync-timeout-s 30] [--lease-ttl-s 30] [--advertise-host H]
+               [--relay-nats-url URL --relay-namespace NS [--relay-user U] [--relay-password-file F]
+                [--relay-arg=--flag ...]]
 
 1. Starts the engine (vLLM's ``AsyncLLM``) with ``worker_shim.InstrumentedScheduler`` (or the async variant when
    vLLM turns async scheduling on) unless ``--scheduler-cls`` names another class. The engine processes get the
@@ -13,7 +15,11 @@
    If that fails the engine is shut down and the launcher exits with status 3 **without registering**.
 2. Registers the worker: ``PUT {url}/v1/workers/{id}`` (renewed every ``ttl/3``) or its entry in a static
    workers file. Its FPM endpoints are ``tcp://{advertise_host}:{FPM_PORT_BASE + rank}``.
-3. Serves the OpenAI API until SIGTERM/SIGINT, then deregisters.
+3. With ``--relay-nats-url`` (or ``$FPM_RELAY_NATS_URL``), runs the NATS relay (``python -m worker_shim.relay``)
+   as a child process for every DP rank, restarted with backoff if it dies, stopped with the engine
+   (:mod:`worker_shim.relay_supervisor`): a worker pod needs no relay sidecar. The relay never takes the engine
+   down.
+4. Serves the OpenAI API until SIGTERM/SIGINT, then deregisters.
 
 Exit status: 0 after a clean shutdown, 2 for bad arguments or configuration, 3 when the id sync fails, 4 when
 registration fails.
@@ -39,6 +45,7 @@ from planner.errors import ConfigError, DiscoveryError, PlannerError
 from worker_shim.config import ENV_WORKER_ID, ShimConfig
 from worker_shim.identity import WorkerIdSyncError, sync_worker_id
 from worker_shim.registration import ApiRegistrar, Registrar, StaticFileRegistrar
+from worker_shim.relay_supervisor import RelaySettings, RelaySupervisor, add_relay_arguments, relay_settings_from_args
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_REGISTER_FAILED", "EXIT_SYNC_FAILED", "LauncherSettings", "main"]
 
@@ -65,6 +72,7 @@ class LauncherSettings(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl_s: float
     advertise_host: str
     shim: ShimConfig
+    relay: RelaySettings | None = None  # None: no relay (ZMQ direct, or a sidecar relays)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> LauncherSettings:
@@ -89,10 +97,20 @@ class LauncherSettings(msgspec.Struct, frozen=True, kw_only=True):
         if not args.lease_ttl_s > 0:
             raise ConfigError(f"--lease-ttl-s must be > 0, got {args.lease_ttl_s}")
         advertise = args.advertise_host or (shim.bind_host if shim.bind_host not in ("*", "0.0.0.0") else "")
+        service = args.service or _default_service(args)
+        relay = relay_settings_from_args(
+            args,
+            env,
+            service=service,
+            worker_id=worker_id,
+            host=shim.bind_host if shim.bind_host not in ("*", "0.0.0.0") else "127.0.0.1",
+            port_base=shim.port_base,
+            curve=bool(shim.curve_secret_key_file),
+        )
         return cls(
             worker_id=worker_id,
             role=Role(args.role),
-            service=args.service or _default_service(args),
+            service=service,
             restore=args.restore,
             sync_timeout_s=args.sync_timeout_s,
             register_url=args.register_url,
@@ -101,6 +119,7 @@ class LauncherSettings(msgspec.Struct, frozen=True, kw_only=True):
             lease_ttl_s=args.lease_ttl_s,
             advertise_host=advertise or socket.getfqdn(),
             shim=msgspec.structs.replace(shim, worker_id=worker_id),
+            relay=relay,
         )
 
     def engine_env(self) -> dict[str, str]:
@@ -154,6 +173,7 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--advertise-host", default="", help="host the planner reaches the FPM ports on (default: this host's FQDN)"
     )
+    add_relay_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,8 +232,16 @@ async def _run(args: argparse.Namespace, settings: LauncherSettings) -> int:
     )
     renewal: asyncio.Task[None] | None = None
     registrar: Registrar | None = None
+    relay: RelaySupervisor | None = None
     try:
         dp_size = int(vllm_config.parallel_config.data_parallel_size)
+        if settings.relay is not None:
+            relay = RelaySupervisor(settings.relay, dp_size).start()
+            print(
+                f"fpm-worker: relaying FPM of {dp_size} rank(s) to NATS {list(settings.relay.nats_urls)}",
+                file=sys.stderr,
+                flush=True,
+            )
         if settings.restore:
             try:
                 ranks = await sync_worker_id(llm.engine_core, settings.worker_id, settings.sync_timeout_s)
@@ -261,6 +289,8 @@ async def _run(args: argparse.Namespace, settings: LauncherSettings) -> int:
                 print(f"fpm-worker: deregistered {settings.worker_id}", file=sys.stderr, flush=True)
             except (PlannerError, OSError) as exc:
                 print(f"fpm-worker: deregistration failed: {exc}", file=sys.stderr, flush=True)
+        if relay is not None:
+            relay.close()
         llm.shutdown()
         sock.close()
 
@@ -292,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Check the launcher's own flags before importing vLLM (which takes seconds), so a bad one fails fast.
     own = argparse.ArgumentParser(add_help=False)
     add_launcher_arguments(own)
+    own.add_argument("--model", default="")  # vLLM's, read here for the default service name only
+    own.add_argument("--served-model-name", nargs="+", default=None)
     early, _ = own.parse_known_args(argv)
     wants_help = any(a == "--help" or a.startswith("--help=") for a in argv)
     try:
