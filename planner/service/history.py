@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from planner.core.decision import Decision
+from planner.core.observation import Traffic
 
 __all__ = ["DecisionEntry", "History", "OutcomeEntry"]
 
@@ -32,6 +33,7 @@ class DecisionEntry(msgspec.Struct, frozen=True, kw_only=True):
     reasons: tuple[str, ...]
     summary: str  # the decision in words
     decision: Decision  # the core's full record
+    traffic: Traffic | None = None  # the traffic window the core read for this role (FPM, or given); None: none
 
 
 class OutcomeEntry(msgspec.Struct, frozen=True, kw_only=True):

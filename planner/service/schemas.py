@@ -13,6 +13,7 @@ import msgspec
 from fastapi import FastAPI
 
 from planner.core.decision import Coverage, Decision, RoleInputs, StageResult
+from planner.core.observation import Traffic
 from planner.discovery import EngineCapacity
 from planner.service.history import DecisionEntry, OutcomeEntry
 
@@ -56,7 +57,11 @@ class OutcomesResponse(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ExplainResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """A decision, every pipeline stage with its value and reason, what it saw, and what became of it."""
+    """A decision, every pipeline stage with its value and reason, what it saw, and what became of it.
+
+    ``traffic``: the traffic window the core read for the decision's role (from the FPM traffic extension: arrival
+    rate, ISL/OSL mean and p50/p90/p99, observed TTFT/ITL p50/p90/p99, observed attainment, samples and window
+    length; unknown figures are null); null when the core had no traffic for it."""
 
     id: int
     core_id: str
@@ -76,6 +81,7 @@ class ExplainResponse(msgspec.Struct, frozen=True, kw_only=True):
     coverage: Coverage
     stages: tuple[StageResult, ...]
     outcomes: tuple[OutcomeEntry, ...]
+    traffic: Traffic | None = None
 
 
 class WhatIfResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,7 +24,8 @@ __all__ = ["explain", "measured_load", "what_if_decisions", "what_if_inputs"]
 
 
 def explain(entry: DecisionEntry, history: History) -> ExplainResponse:
-    """A decision with its inputs, coverage, every pipeline stage (value and reason) and its outcomes."""
+    """A decision with its inputs, the traffic window the core read, coverage, every pipeline stage (value and
+    reason) and its outcomes."""
     decision = entry.decision
     outcomes = tuple(o for o in history.outcomes(limit=10_000) if o.decision_id == entry.id)
     return ExplainResponse(
@@ -46,6 +47,7 @@ def explain(entry: DecisionEntry, history: History) -> ExplainResponse:
         coverage=decision.coverage,
         stages=decision.stages,
         outcomes=outcomes,
+        traffic=entry.traffic,
     )
 
 
