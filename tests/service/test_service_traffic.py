@@ -1,15 +1,20 @@
 """The traffic window the decision core read, shown where the operator looks (issue 13, item 2): a decision's
 explain carries it (arrival rate, ISL/OSL mean and p50/p90/p99, observed TTFT/ITL p50/p90/p99, observed attainment,
-window length), from a real FPM publisher sending the traffic extension over ZMQ into a real uvicorn service."""
+window length), and so does the operator page (headless Chromium), from a real FPM publisher sending the traffic
+extension over ZMQ into a real uvicorn service."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from tests.service.support import AUTH, Served, free_port, make_config, registration, serve, wait_for
+from tests.service.test_service_diagnostics_page import dump_dom
 from worker_shim.fpm import QueuedRequests, ScheduledRequests
 from worker_shim.metrics import TrafficAccumulator
 from worker_shim.publisher import FpmPublisher
@@ -133,3 +138,36 @@ def test_explain_of_a_decision_without_traffic_says_none(service: Served) -> Non
     )
     explained = service.http.get(f"/v1/decisions/{decision['id']}/explain").json()
     assert "traffic" in explained and explained["traffic"] is None
+
+
+@pytest.mark.browser
+def test_the_page_shows_each_services_traffic_window() -> None:
+    with busy_service() as served:
+        wait_for(
+            lambda: (
+                (
+                    (served.http.get("/v1/diagnostics").json()["traffic"].get("decode") or {}).get(
+                        "itl_samples_in_window"
+                    )
+                    or 0
+                )
+                >= 20
+            )
+        )
+        dom = dump_dom(f"{served.base_url}/diagnostics")
+        shown = served.http.get("/v1/diagnostics").json()["traffic"]["decode"]
+
+    row = re.search(r'<tr data-service="decode">(.*?)</tr>', dom, re.S)
+    assert row is not None, "no traffic row for the decode service"
+    cells = dict(re.findall(r'<td class="(\w+)">([^<]*)</td>', row.group(1)))
+    numbers = {k: [float(x) for x in re.findall(r"\d+(?:\.\d+)?", v)] for k, v in cells.items()}
+    assert 0 < numbers["window"][0] <= 31.0
+    assert numbers["rate"][0] > 0 and numbers["requests"][0] % len(PROMPTS) == 0
+    isl_mean, *isl_q = numbers["isl"]
+    assert isl_mean == 1875
+    assert all(close(got, want, 0.045) for got, want in zip(isl_q, (1000, 4000, 4000), strict=True)), isl_q
+    assert numbers["osl"][0] == 200
+    assert all(close(got, want, 0.045) for got, want in zip(numbers["ttft"], (100, 5000, 5000), strict=True))
+    assert all(close(got, want, 0.045) for got, want in zip(numbers["itl"], (20, 80, 80), strict=True))
+    assert re.fullmatch(r"75\.0 % \(\d+\) · 50\.0 % \(\d+\)", cells["attainment"]), cells["attainment"]
+    check_window(shown)
