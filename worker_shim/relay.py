@@ -4,7 +4,7 @@
 
     python -m worker_shim.relay --nats-url nats://nats:4222 --namespace NS --service S --worker-id W --dp-size 8
         [--host 127.0.0.1] [--port-base 20380]      # user: $FPM_NATS_USER (default: the worker id),
-                                                    # password: $FPM_NATS_PASSWORD
+        [--batch-ms 20 [--batch-max 64]]            # password: $FPM_NATS_PASSWORD
 
 One ZMQ SUB per DP rank, connected to the shim's publisher on this pod; each message's payload frame (the FPM
 msgpack map, byte for byte) is published on ``fpm.<ns>.<service>.<worker_id>.<rank>``
@@ -12,6 +12,12 @@ msgpack map, byte for byte) is published on ``fpm.<ns>.<service>.<worker_id>.<ra
 id inside the payload: the server lets this relay's credentials publish only there
 (:mod:`planner.transport.nats_config`), and a payload under another id (or ``""``) reaches the planner as it is,
 where it is dropped as ``foreign_endpoint`` / named ``identity_not_synced``.
+
+With ``--batch-ms``, the payloads read from all of the worker's ranks within that window (at most
+``--batch-max`` of them, and never more bytes than the server's payload cap) go out as ONE message on
+``fpm.<ns>.<service>.<worker_id>.b`` (:mod:`planner.transport.batch`: each payload byte for byte, with the rank
+it was read from). It costs up to ``batch_ms`` of latency and saves the per-message cost of NATS (the client's,
+the server's and the planner's) on all but one payload of each batch. Without it, today's form.
 
 Never blocks the engine (it only reads the shim's PUB socket) and never queues without bound: while the NATS
 connection is down, messages are dropped and counted (``dropped_disconnected``); the planner sees the gap in
@@ -37,6 +43,7 @@ import zmq
 import zmq.asyncio
 from nats.aio.client import Client
 
+from planner.transport.batch import FRAME_HEADER_BYTES, batch_subject, encode_batch, frame_overhead_bytes
 from planner.transport.subjects import subject
 from worker_shim.loop_thread import LoopThread
 
@@ -52,6 +59,7 @@ class RelayStats(msgspec.Struct, frozen=True, kw_only=True):
     dropped_oversized: int
     nats_errors: int  # errors the server reported (a permissions violation among them)
     reconnects: int
+    batches: int = 0  # NATS messages published in the batched form (``forwarded`` counts payloads)
 
 
 class FpmRelay:
@@ -69,11 +77,19 @@ class FpmRelay:
         password: str | None = None,
         max_payload_bytes: int = 64 * 1024,
         reconnect_wait_s: float = 0.25,
+        batch_ms: float | None = None,
+        batch_max: int = 64,
     ) -> None:
         if not endpoints:
             raise ValueError("a relay needs at least one local FPM endpoint (one per DP rank)")
+        if batch_ms is not None and (batch_ms <= 0 or batch_max < 1):
+            raise ValueError("batch_ms must be > 0 and batch_max >= 1")
         self.endpoints = tuple(endpoints)
         self.subjects = tuple(subject(namespace, service, worker_id, rank) for rank in range(len(endpoints)))
+        #: where batches go (``batch_ms`` set), None for the unbatched form
+        self.batch_subject = batch_subject(namespace, service, worker_id) if batch_ms is not None else None
+        self.batch_s = batch_ms / 1000 if batch_ms is not None else 0.0
+        self.batch_max = batch_max
         self.servers = list(servers)
         self.max_payload_bytes = max_payload_bytes
         self._user = user if user is not None else worker_id
@@ -85,6 +101,11 @@ class FpmRelay:
         self._dropped_oversized = 0
         self._nats_errors = 0
         self._reconnects = 0
+        self._batches = 0
+        self._ranks: list[int] = []  # the batch being filled: the rank of each payload,
+        self._payloads: list[bytes] = []  # the payloads,
+        self._frame_bytes = FRAME_HEADER_BYTES  # and an upper bound of its frame's size
+        self._batch_started = asyncio.Event()
         self._connected = threading.Event()
         self._thread = LoopThread(self.run, name="fpm-relay")
 
@@ -96,6 +117,7 @@ class FpmRelay:
             dropped_oversized=self._dropped_oversized,
             nats_errors=self._nats_errors,
             reconnects=self._reconnects,
+            batches=self._batches,
         )
 
     @property
@@ -134,6 +156,52 @@ class FpmRelay:
                 continue
             self._forwarded += 1
 
+    async def _forward_batched(self, sock: zmq.asyncio.Socket, rank: int, nc: Client) -> None:
+        while True:
+            parts = await sock.recv_multipart()
+            if len(parts) != 3 or len(parts[1]) != 8:
+                self._dropped_bad_frame += 1
+                continue
+            payload = parts[2]
+            size = len(payload) + frame_overhead_bytes(len(payload))
+            if len(payload) > self.max_payload_bytes or FRAME_HEADER_BYTES + size > self.max_payload_bytes:
+                self._dropped_oversized += 1
+                continue
+            if self._frame_bytes + size > self.max_payload_bytes:  # would not fit under the server's cap
+                await self._publish_batch(nc)
+            self._ranks.append(rank)
+            self._payloads.append(payload)
+            self._frame_bytes += size
+            if len(self._payloads) >= self.batch_max:
+                await self._publish_batch(nc)
+            else:
+                self._batch_started.set()
+
+    async def _flush_batches(self, nc: Client) -> None:
+        """Publishes a batch ``batch_ms`` after its first payload (if it did not fill up before)."""
+        while True:
+            await self._batch_started.wait()
+            await asyncio.sleep(self.batch_s)
+            await self._publish_batch(nc)
+
+    async def _publish_batch(self, nc: Client) -> None:
+        ranks, payloads = self._ranks, self._payloads
+        self._ranks, self._payloads, self._frame_bytes = [], [], FRAME_HEADER_BYTES
+        self._batch_started.clear()
+        if not payloads or self.batch_subject is None:
+            return
+        if not nc.is_connected:
+            self._dropped_disconnected += len(payloads)
+            return
+        try:
+            await nc.publish(self.batch_subject, encode_batch(ranks, payloads))
+        except Exception as exc:  # a reconnect between the check and the publish: the samples are lost
+            self._dropped_disconnected += len(payloads)
+            log.debug("publish on %s failed: %s", self.batch_subject, exc)
+            return
+        self._batches += 1
+        self._forwarded += len(payloads)
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Relay until ``stopping`` is set."""
         ctx = zmq.asyncio.Context()
@@ -169,12 +237,18 @@ class FpmRelay:
             if nc is None:
                 return
             self._connected.set()
-            pairs = zip(socks, self.subjects, strict=True)
-            tasks = [asyncio.create_task(self._forward(sock, subj, nc)) for sock, subj in pairs]
+            self._batch_started = asyncio.Event()  # of this run's loop
+            if self.batch_subject is None:
+                pairs = zip(socks, self.subjects, strict=True)
+                tasks = [asyncio.create_task(self._forward(sock, subj, nc)) for sock, subj in pairs]
+            else:
+                tasks = [asyncio.create_task(self._forward_batched(sock, r, nc)) for r, sock in enumerate(socks)]
+                tasks.append(asyncio.create_task(self._flush_batches(nc)))
             await stopping.wait()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._publish_batch(nc)  # what was read before the stop
             with contextlib.suppress(Exception):
                 await nc.flush(timeout=1)
         finally:
@@ -213,6 +287,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dp-size", type=int, default=1)
     parser.add_argument("--host", default="127.0.0.1", help="where the shim's publishers listen")
     parser.add_argument("--port-base", type=int, default=20380, help="the shim's FPM_PORT_BASE")
+    parser.add_argument(
+        "--batch-ms",
+        type=float,
+        default=None,
+        help="send the payloads read within this window as one NATS message (the batched form); default: one each",
+    )
+    parser.add_argument("--batch-max", type=int, default=64, help="at most this many payloads per batch")
     return parser
 
 
@@ -221,6 +302,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     environ = os.environ if env is None else env
     if args.dp_size < 1 or not args.worker_id.strip():
         print("relay: --dp-size must be >= 1 and --worker-id non-empty", file=sys.stderr)
+        return 2
+    if (args.batch_ms is not None and args.batch_ms <= 0) or args.batch_max < 1:
+        print("relay: --batch-ms must be > 0 and --batch-max >= 1", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     relay = FpmRelay(
@@ -231,6 +315,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         worker_id=args.worker_id,
         user=environ.get("FPM_NATS_USER") or None,
         password=environ.get("FPM_NATS_PASSWORD") or None,
+        batch_ms=args.batch_ms,
+        batch_max=args.batch_max,
     )
 
     async def serve() -> None:

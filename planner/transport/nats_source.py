@@ -10,6 +10,12 @@ with its subject is ``foreign_endpoint`` (or ``empty_worker_id``, which names th
 worker id is trusted because the server enforced the publisher's credentials
 (:mod:`planner.transport.nats_config`).
 
+A message on ``fpm.<ns>.<service>.<worker_id>.b`` is the batched form (:mod:`planner.transport.batch`): several
+of that worker's payloads, each with the DP rank it was read from; each is ingested exactly as the unbatched
+message on that rank's subject would be (the same endpoint, the same drop reasons), all of one batch under one
+acquisition of :attr:`lock`. A batch that cannot be read is one ``decode_error``; an unreadable entry in a
+readable batch is one ``decode_error`` and the others are kept. Both forms may arrive on one source.
+
 NATS core delivery is at most once: what is lost while a connection is down shows up as a counter gap
 (``gaps``/``lost_samples`` of the rank), as a jump in ``counter_id`` always does. (The ZMQ path's disconnect
 notice is not used: after a NATS reconnect the same publisher run carrying on is normal, not an oversized
@@ -36,6 +42,7 @@ from nats.errors import SlowConsumerError
 from planner.discovery import WorkerRecord
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from planner.ingest.subscriber import LinkStats, LinkTotals
+from planner.transport.batch import BATCH_TOKEN, BatchDecodeError, batch_subject, decode_batch
 from planner.transport.subjects import namespace_wildcard, subject
 from worker_shim import fpm
 from worker_shim.loop_thread import LoopThread
@@ -45,6 +52,7 @@ __all__ = ["NatsFpmSource"]
 log = logging.getLogger(__name__)
 
 _UNROUTED = "nats:"  # prefix of the pseudo endpoint of a subject no discovered rank publishes on
+_BATCH_SUFFIX = "." + BATCH_TOKEN
 
 
 class NatsFpmSource:
@@ -70,7 +78,8 @@ class NatsFpmSource:
         self.subjects = tuple(subjects) if subjects is not None else (namespace_wildcard(namespace),)
         self.clock = clock
         self.lock = threading.Lock()
-        self.received = 0
+        self.received = 0  # payloads (samples), batched or not
+        self.batches_received = 0  # NATS messages in the batched form
         self.loop_errors = 0
         self.connects = 0
         self.disconnects = 0
@@ -80,6 +89,7 @@ class NatsFpmSource:
         self._pending_msgs_limit = pending_msgs_limit
         self._reconnect_wait_s = reconnect_wait_s
         self._route: dict[str, str] = {}  # subject -> the discovered endpoint of that worker and rank
+        self._batch_route: dict[str, tuple[str, ...]] = {}  # batch subject -> the worker's endpoints by rank
         self._thread = LoopThread(self._main, name="fpm-nats", on_error=self._loop_error)
         self._subscribed = threading.Event()
         self._nc: Client | None = None
@@ -94,9 +104,14 @@ class NatsFpmSource:
             for record in workers.values()
             for rank, endpoint in enumerate(record.fpm_endpoints)
         }
+        batch_route = {
+            batch_subject(self.namespace, record.service, record.worker_id): tuple(record.fpm_endpoints)
+            for record in workers.values()
+        }
         with self.lock:
             self.store.set_workers(workers)
             self._route = route
+            self._batch_route = batch_route
 
     def set_subjects(self, subjects: Sequence[str], timeout_s: float = 10.0) -> None:
         """Subscribe to ``subjects`` instead (a shard's partition after a rebalance): new ones are subscribed
@@ -178,9 +193,49 @@ class NatsFpmSource:
                 return self.store.drop(DropReason.DECODE_ERROR, endpoint)
             return self.store.ingest(endpoint, sample, received_at, received_at)
 
+    def ingest_batch(self, subj: str, frame: bytes, received_at: float) -> int:
+        """Ingest one batched message (:mod:`planner.transport.batch`); returns how many samples were stored.
+
+        Each payload is ingested as the unbatched message on its rank's subject would be; all under one lock."""
+        endpoints = self._batch_route.get(subj, ())
+        try:
+            ranks, payloads, unreadable = decode_batch(frame)
+        except BatchDecodeError:
+            ranks, payloads, unreadable = [], [], 1
+        decode, decode_error = fpm.decode, fpm.FpmDecodeError
+        samples: list[fpm.ForwardPassMetrics | None] = []
+        for payload in payloads:  # decoded before taking the lock: readers wait only for the ingest
+            try:
+                samples.append(decode(payload))
+            except decode_error:
+                samples.append(None)
+        n_endpoints = len(endpoints)
+        stored = 0
+        store = self.store
+        with self.lock:
+            self.batches_received += 1
+            self.received += len(payloads) + unreadable
+            for rank, sample in zip(ranks, samples, strict=True):
+                if rank < n_endpoints:
+                    endpoint = endpoints[rank]
+                else:  # as the unbatched message on that rank's subject: attributed to no one
+                    endpoint = _UNROUTED + subj[: -len(BATCH_TOKEN)] + str(rank)
+                if sample is None:
+                    store.drop(DropReason.DECODE_ERROR, endpoint)
+                elif store.ingest(endpoint, sample, received_at, received_at) is None:
+                    stored += 1
+            if unreadable:  # pinned on the subject's worker (any of its endpoints names it)
+                where = endpoints[0] if endpoints else _UNROUTED + subj
+                store.drop(DropReason.DECODE_ERROR, where, count=unreadable)
+        return stored
+
     async def _on_msg(self, msg: Msg) -> None:
         try:
-            self.ingest_message(msg.subject, msg.data, self.clock())
+            subj = msg.subject
+            if subj.endswith(_BATCH_SUFFIX):
+                self.ingest_batch(subj, msg.data, self.clock())
+            else:
+                self.ingest_message(subj, msg.data, self.clock())
         except Exception:  # the receive path must survive anything one message does
             self.loop_errors += 1
             log.exception("FPM ingest from NATS failed")

@@ -114,6 +114,36 @@ def test_the_sidecar_relays_with_its_password_from_the_environment_and_stops_on_
         publisher.close()
 
 
+def test_the_sidecar_batches_with_batch_ms(server: NatsServer) -> None:
+    port = free_port()
+    src, store = _source(server, port)
+    publisher = FpmPublisher(worker_id="w1", endpoint=f"tcp://127.0.0.1:{port}", heartbeat_interval_s=0.01).start()
+    cmd = [sys.executable, "-m", "worker_shim.relay", "--nats-url", server.url, "--namespace", NS, "--service", "agg"]
+    cmd += ["--worker-id", "w1", "--host", "127.0.0.1", "--port-base", str(port), "--batch-ms", "100"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "FPM_NATS_PASSWORD": "pw1"}, stderr=subprocess.PIPE)
+    try:
+        with src:
+            assert src.wait_subscribed(15)
+            wait_until(lambda: store.rank_view("w1", 0, time.monotonic()).heartbeats >= 20, timeout_s=30)
+            # ~10 heartbeats per 100 ms window: far fewer NATS messages than payloads
+            assert 0 < src.batches_received < src.received / 3 and sum(store.drops.values()) == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        publisher.close()
+
+
+@pytest.mark.parametrize("flags", [["--batch-ms", "0"], ["--batch-ms", "20", "--batch-max", "0"]])
+def test_the_sidecar_refuses_a_bad_batch(flags: list[str]) -> None:
+    cmd = [sys.executable, "-m", "worker_shim.relay", "--nats-url", "nats://127.0.0.1:1", "--namespace", NS]
+    cmd += ["--service", "agg", "--worker-id", "w1", *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--batch-ms must be > 0 and --batch-max >= 1" in done.stderr
+
+
 def test_the_sidecar_refuses_a_bad_rank_count() -> None:
     cmd = [sys.executable, "-m", "worker_shim.relay", "--nats-url", "nats://127.0.0.1:1", "--namespace", NS]
     cmd += ["--service", "agg", "--worker-id", "w1", "--dp-size", "0"]
