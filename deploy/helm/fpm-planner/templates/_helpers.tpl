@@ -22,3 +22,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "fpm-planner.serviceAccountName" -}}
 {{- default (include "fpm-planner.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{/* The shard StatefulSet's name (room left for "-<ordinal>" and the controller-revision-hash label). */}}
+{{- define "fpm-planner.shardName" -}}
+{{- printf "%s-shard" (include "fpm-planner.fullname" . | trunc 46 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "fpm-planner.shardSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-shard
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Values that cannot work fail the render with a message naming them. */}}
+{{- define "fpm-planner.validateIngest" -}}
+{{- if not (has .Values.ingest.transport (list "zmq" "nats")) -}}
+{{- fail (printf "ingest.transport must be zmq or nats, got %q" .Values.ingest.transport) -}}
+{{- end -}}
+{{- if and (eq .Values.ingest.transport "nats") (not .Values.ingest.nats.servers) -}}
+{{- fail "ingest.nats.servers: give the NATS server URLs with ingest.transport: nats (this chart does not install NATS)" -}}
+{{- end -}}
+{{- if and (gt (int .Values.shards.replicas) 0) (ne .Values.ingest.transport "nats") -}}
+{{- fail "shards.replicas > 0 needs ingest.transport: nats (shards subscribe on NATS)" -}}
+{{- end -}}
+{{- if and (gt (int .Values.shards.replicas) 0) (not .Values.shards.workersConfigMap.name) -}}
+{{- fail "shards.workersConfigMap.name: the shards need the workers file they partition" -}}
+{{- end -}}
+{{- end -}}
