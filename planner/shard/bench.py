@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from planner.ingest.store import FleetStore
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
 from planner.shard.summary import decode_summary, encode_summary, summarize
+from planner.transport.batch import batch_subject, encode_batch
 from planner.transport.nats_config import render_server_config
 from planner.transport.subjects import subject
 from worker_shim import fpm
@@ -80,41 +82,111 @@ def _proc_cpu_s(pid: int) -> float:
 # -- nats ----------------------------------------------------------------------------------------------------
 
 
-def _publisher(url: str, keys: list[tuple[str, str, int]], seconds: float, conn: Connection) -> None:
+_COUNTER_BASE = 1 << 40  # every counter of a run encodes as msgpack uint64 (0xcf + 8 bytes): patched in place
+_U64 = struct.Struct(">Q")
+
+
+def _template(worker_id: str, rank: int, sentinel: int) -> bytes:
+    return fpm.encode(
+        ForwardPassMetrics(
+            worker_id=worker_id,
+            dp_rank=rank,
+            counter_id=sentinel,
+            wall_time=0.02,
+            scheduled_requests=ScheduledRequests(num_decode_requests=12, sum_decode_kv_tokens=24_000),
+            queued_requests=QueuedRequests(),
+        )
+    )
+
+
+def _counter_offsets(buf: bytes, sentinels: list[int]) -> list[int]:
+    """Where each sentinel counter's 8 bytes are in ``buf`` (each found exactly once)."""
+    out = []
+    for sentinel in sentinels:
+        needle = b"\xcf" + _U64.pack(sentinel)
+        at = buf.find(needle)
+        if at < 0 or buf.find(needle, at + 1) >= 0:
+            raise RuntimeError(f"counter {sentinel} not found exactly once in a template")
+        out.append(at + 1)
+    return out
+
+
+class _Messages:
+    """The NATS messages one publisher sends: pre-encoded FPM payloads (valid, distinct per rank), only their
+    ``counter_id`` patched in place per step, one message per payload (``batch_steps`` 0, today's form) or one
+    per worker carrying ``batch_steps`` steps of each of its ranks (the relay's batched form)."""
+
+    def __init__(self, keys: list[tuple[str, str, int]], batch_steps: int) -> None:
+        self.batch_steps = batch_steps
+        self.items: list[tuple[str, bytearray, list[int]]] = []  # subject, buffer, counter offsets
+        if batch_steps == 0:
+            for service, wid, rank in keys:
+                buf = bytearray(_template(wid, rank, _COUNTER_BASE))
+                self.items.append((subject(NS, service, wid, rank), buf, _counter_offsets(bytes(buf), [_COUNTER_BASE])))
+            self.payloads_per_message = 1
+            return
+        by_worker: dict[tuple[str, str], list[int]] = {}
+        for service, wid, rank in keys:
+            by_worker.setdefault((service, wid), []).append(rank)
+        for (service, wid), ranks in by_worker.items():
+            entries = [(rank, k) for k in range(batch_steps) for rank in ranks]  # step by step, as a relay reads
+            sentinels = [_COUNTER_BASE + i for i in range(len(entries))]
+            payloads = [_template(wid, rank, sentinel) for (rank, _), sentinel in zip(entries, sentinels, strict=True)]
+            buf = bytearray(encode_batch([rank for rank, _ in entries], payloads))
+            self.items.append((batch_subject(NS, service, wid), buf, _counter_offsets(bytes(buf), sentinels)))
+        self.payloads_per_message = len(keys) * batch_steps // max(len(self.items), 1)
+
+    def stamp(self, buf: bytearray, offsets: list[int], step: int) -> bytes:
+        """The message for round ``step`` (counters 1, 2, ... per rank, each a step after the last)."""
+        k = self.batch_steps or 1
+        per_step = len(offsets) // k
+        pack = _U64.pack_into
+        for i, off in enumerate(offsets):
+            pack(buf, off, _COUNTER_BASE + step * k + i // per_step + 1)
+        return bytes(buf)
+
+
+def _publisher(
+    url: str,
+    keys: list[tuple[str, str, int]],
+    seconds: float,
+    batch_steps: int,
+    rate_per_s: float,
+    flush_every: int,
+    conn: Connection,
+) -> None:
     import asyncio
 
     import nats
 
+    messages = _Messages(keys, batch_steps)
+
     async def go() -> dict[str, float]:
         nc = await nats.connect(url, user="bench-pub", password="pub", pending_size=64 * 1024 * 1024)
-        subjects = [subject(NS, service, wid, rank) for service, wid, rank in keys]
         conn.send("ready")
         conn.recv()
         cpu0 = time.process_time()
         start = time.monotonic()
-        sent = 0
-        counter = 0
-        while time.monotonic() - start < seconds:
-            counter += 1
-            for (_, wid, rank), subj in zip(keys, subjects, strict=True):
-                payload = fpm.encode(
-                    ForwardPassMetrics(
-                        worker_id=wid,
-                        dp_rank=rank,
-                        counter_id=counter,
-                        wall_time=0.02,
-                        scheduled_requests=ScheduledRequests(num_decode_requests=8 + counter % 8),
-                        queued_requests=QueuedRequests(),
-                    )
-                )
-                await nc.publish(subj, payload)
-                sent += 1
-                if sent % 512 == 0:
+        sent = 0  # payloads (samples)
+        msgs = 0
+        step = 0
+        per_round = len(keys) * (batch_steps or 1)
+        publish = nc.publish
+        while (now := time.monotonic()) - start < seconds:
+            if rate_per_s > 0 and sent > (now - start) * rate_per_s:  # paced: ahead of the offered rate
+                await asyncio.sleep(0.001)
+                continue
+            for subj, buf, offsets in messages.items:
+                await publish(subj, messages.stamp(buf, offsets, step))
+                msgs += 1
+                if flush_every and msgs % flush_every == 0:
                     await nc.flush()
+            sent += per_round
+            step += 1
         await nc.flush()
         elapsed = time.monotonic() - start
         await nc.close()
-        return {"sent": sent, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
+        return {"sent": sent, "messages": msgs, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
 
     conn.send(asyncio.run(go()))
 
@@ -153,6 +225,7 @@ def _shard(
             "shard": shard_id,
             "workers": len(shard.owned),
             "received": shard.source.received - received0,
+            "batches": shard.source.batches_received,
             "stored": stored,
             "elapsed_s": elapsed,
             "cpu_s": time.process_time() - cpu0,
@@ -165,7 +238,16 @@ def _shard(
     shard.close()
 
 
-def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_procs: int) -> dict[str, Any]:
+def bench_nats(
+    workers: int,
+    dp: int,
+    shards: int,
+    seconds: float,
+    publisher_procs: int,
+    batch_steps: int = 0,
+    rate_per_s: float = 0.0,
+    flush_every: int = 512,
+) -> dict[str, Any]:
     records = _fleet(workers, dp)
     shard_ids = [f"s{i}" for i in range(shards)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,11 +289,13 @@ def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_pro
                 shard_pipes.append(parent)
                 procs.append(proc)
             keys = [(r.service, wid, rank) for wid, r in records.items() for rank in range(r.dp_size)]
-            share = -(-len(keys) // publisher_procs)
+            share = -(-workers // publisher_procs) * dp  # whole workers per publisher, as relays are
+            procs_used = -(-len(keys) // share)
             pub_pipes = []
             for i in range(0, len(keys), share):
                 parent, child = spawn.Pipe()
-                proc = spawn.Process(target=_publisher, args=(url, keys[i : i + share], seconds, child), daemon=True)
+                args = (url, keys[i : i + share], seconds, batch_steps, rate_per_s / procs_used, flush_every, child)
+                proc = spawn.Process(target=_publisher, args=args, daemon=True)
                 proc.start()
                 pub_pipes.append(parent)
                 procs.append(proc)
@@ -232,8 +316,11 @@ def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_pro
             server.terminate()
             server.wait(10)
     sent = sum(p["sent"] for p in pubs)
+    messages = sum(p["messages"] for p in pubs)
     stored = sum(s["stored"] for s in shard_figures)
     pub_elapsed = max(p["elapsed_s"] for p in pubs)
+    pub_cpu = sum(p["cpu_s"] for p in pubs)
+    shard_cpu = sum(s["cpu_s"] for s in shard_figures)
     return {
         "bench": "shard-nats",
         "workers": workers,
@@ -241,9 +328,15 @@ def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_pro
         "shards": shards,
         "publisher_procs": len(pubs),
         "seconds": seconds,
+        "batch_steps": batch_steps,
+        "payloads_per_message": round(sent / messages, 2) if messages else None,
+        "offered_per_s": round(rate_per_s) if rate_per_s > 0 else "as fast as possible",
+        "flush_every": flush_every,
         "sent": sent,
+        "messages": messages,
         "sent_per_s": round(sent / pub_elapsed),
-        "publisher_cpu_share": round(sum(p["cpu_s"] for p in pubs) / pub_elapsed, 3),
+        "publisher_cpu_share": round(pub_cpu / pub_elapsed, 3),
+        "publisher_cpu_us_per_sample": round(pub_cpu / sent * 1e6, 3) if sent else None,
         "stored": stored,
         "lost": sent - stored,
         "samples_per_s": round(stored / max(s["elapsed_s"] for s in shard_figures)),
@@ -255,6 +348,8 @@ def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_pro
                 "samples_per_s": round(s["stored"] / s["elapsed_s"]),
                 "cpu_share": round(s["cpu_s"] / s["elapsed_s"], 3),
                 "shard_samples_per_cpu_s": round(s["stored"] / s["cpu_s"]) if s["cpu_s"] else None,
+                "cpu_us_per_sample": round(s["cpu_s"] / s["stored"] * 1e6, 3) if s["stored"] else None,
+                "batches": s["batches"],
                 "slow_consumer_drops": s["slow_consumer_drops"],
                 "gaps": s["gaps"],
                 "lost_samples": s["lost_samples"],  # counter gaps: what the shard knows it missed
@@ -263,7 +358,14 @@ def bench_nats(workers: int, dp: int, shards: int, seconds: float, publisher_pro
             for s in shard_figures
         ],
         "nats_server_cpu_share": round(server_cpu / span, 3),
-        "nats_server_msgs_per_cpu_s": round(sent / server_cpu) if server_cpu else None,
+        "nats_server_msgs_per_cpu_s": round(messages / server_cpu) if server_cpu else None,
+        "nats_server_cpu_us_per_sample": round(server_cpu / sent * 1e6, 3) if sent else None,
+        # CPU per sample stored, by process kind: where the two cores went
+        "cpu_us_per_stored_sample": {
+            "publishers": round(pub_cpu / stored * 1e6, 3) if stored else None,
+            "nats_server": round(server_cpu / stored * 1e6, 3) if stored else None,
+            "shards": round(shard_cpu / stored * 1e6, 3) if stored else None,
+        },
         "cores": len(os.sched_getaffinity(0)),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
@@ -368,6 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--shards", type=int, default=1)
     n.add_argument("--seconds", type=float, default=10.0)
     n.add_argument("--publisher-procs", type=int, default=1)
+    n.add_argument(
+        "--batch-steps",
+        type=int,
+        default=0,
+        help="0: one NATS message per payload (today's form); K: one per worker with K steps of each of its ranks "
+        "(the relay's batched form; K=1 at dp 8 is what --batch-ms 20 gathers at 50 Hz)",
+    )
+    n.add_argument("--rate", type=float, default=0.0, help="offered samples/s in total (0: as fast as possible)")
+    n.add_argument("--flush-every", type=int, default=512, help="flush every N messages (0: only at the end)")
     t = sub.add_parser("tick", help="leader tick with synthetic shard summaries")
     t.add_argument("--workers", type=int, default=4096)
     t.add_argument("--dp", type=int, default=8)
@@ -380,7 +491,20 @@ def main(argv: list[str] | None = None) -> int:
         print("need --workers, --dp and --shards >= 1", file=sys.stderr)
         return 2
     if args.which == "nats":
-        print(json.dumps(bench_nats(args.workers, args.dp, args.shards, args.seconds, args.publisher_procs)))
+        if args.batch_steps < 0 or args.rate < 0 or args.flush_every < 0:
+            print("need --batch-steps, --rate and --flush-every >= 0", file=sys.stderr)
+            return 2
+        figures = bench_nats(
+            args.workers,
+            args.dp,
+            args.shards,
+            args.seconds,
+            args.publisher_procs,
+            batch_steps=args.batch_steps,
+            rate_per_s=args.rate,
+            flush_every=args.flush_every,
+        )
+        print(json.dumps(figures))
     else:
         print(json.dumps(bench_tick(args.workers, args.dp, args.shards, args.ticks, args.interval_s, args.seed)))
     return 0
