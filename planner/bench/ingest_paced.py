@@ -19,6 +19,9 @@ thread a decision tick every ``--tick-interval-s``: snapshot under the subscribe
 - ``ingest_thread_cpu_share``: the receive thread's CPU time / T (``/proc/self/task/<tid>/stat``), 1.0 = a core;
   ``ingest_cpu_us_per_sample``: that CPU time per sample stored (what a busy, shared machine inflates least;
   at 10 ms scheduler ticks, coarse for short or light runs).
+- ``process_cpu_share`` and ``process_cpu_us_per_sample``: the same for the whole subscriber process, every
+  thread (the receive thread, the ticks on the main thread, libzmq's I/O threads): the figure "one core" means.
+  ``zmq_io_cpu_share``: libzmq's background threads alone.
 - ``rss_mb`` and ``rss_per_endpoint_kb``: the subscriber process's resident memory at the end, and its growth
   from before the endpoints were connected, per endpoint.
 - ``tick_ms_p50/p99``: wall time of one tick (snapshot + step) while ingest runs (nearest rank; with few ticks the
@@ -37,6 +40,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
 import zmq
 
 from planner.bench.percentile import p50_p99
@@ -54,6 +58,10 @@ _SLICE = 64  # sockets sent to back to back; a period is split into ceil(n / _SL
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+_MARK = 0xFEDCBA9876543210  # a counter_id msgpack can only write as 0xcf + 8 bytes, and found once in a payload
+_U64 = b"\xcf"
+
+
 def _sample(worker_id: str, dp_rank: int, counter: int) -> ForwardPassMetrics:
     return ForwardPassMetrics(
         worker_id=worker_id,
@@ -64,17 +72,34 @@ def _sample(worker_id: str, dp_rank: int, counter: int) -> ForwardPassMetrics:
             num_prefill_requests=1,
             sum_prefill_tokens=512,
             sum_prefill_kv_tokens=128,
-            num_decode_requests=32 + counter % 16,
+            num_decode_requests=32 + dp_rank % 16,
             sum_decode_kv_tokens=40_000,
             var_decode_kv_tokens=900.0,
         ),
-        queued_requests=QueuedRequests(num_prefill_requests=counter % 4, sum_prefill_tokens=500 * (counter % 4)),
+        queued_requests=QueuedRequests(num_prefill_requests=dp_rank % 4, sum_prefill_tokens=500 * (dp_rank % 4)),
     )
+
+
+def patchable(sample: ForwardPassMetrics) -> tuple[bytes, bytes]:
+    """``sample`` encoded once around its counter: ``head + counter.to_bytes(8, "big") + tail`` is the same FPM v1
+    payload with that ``counter_id`` (msgpack's uint 64, ``0xcf`` + 8 bytes big-endian, is valid for any value), so
+    a publisher patches the counter instead of building and encoding a sample per message."""
+    payload = fpm.encode(msgspec.structs.replace(sample, counter_id=_MARK))
+    marker = _U64 + _MARK.to_bytes(8, "big")
+    at = payload.find(marker)
+    if at < 0 or payload.find(marker, at + 1) >= 0:
+        raise ValueError("the counter marker is not found exactly once in the encoded sample")
+    return payload[: at + 1], payload[at + len(marker) :]
 
 
 def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn: Connection) -> None:
     """Child process: one PUB socket per ``(worker_id, dp_rank)``; heartbeats until "go", then one step per
-    socket per period for ``seconds``; reports what it sent, its CPU time and how far it fell behind."""
+    socket per period for ``seconds``; reports what it sent, its CPU time and how far it fell behind.
+
+    Each socket's step and heartbeat payloads are encoded once (:func:`patchable`); a message costs three
+    ``send`` calls and one concatenation (``send_multipart`` and an encode per message cost ~5x that, and made
+    the publishers, not the subscriber, the bottleneck at 4,096 endpoints x 50 Hz). Every message is a valid FPM
+    v1 message whose seq frame and ``counter_id`` increase by one per message on its socket."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, ctx.get(zmq.SOCKET_LIMIT))
     socks = []
@@ -84,17 +109,25 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
         sock.bind("tcp://127.0.0.1:*")
         socks.append(sock)
     conn.send([s.getsockopt_string(zmq.LAST_ENDPOINT) for s in socks])
+    steps = [patchable(_sample(wid, rank, 0)) for wid, rank in keys]
+    beats = [patchable(fpm.heartbeat(wid, rank, 0)) for wid, rank in keys]
+    sends = [sock.send for sock in socks]
+    more = zmq.SNDMORE
     counter = 0
     while not conn.poll(0.1):  # heartbeats until the subscriber has heard every socket
         counter += 1
-        for (wid, rank), sock in zip(keys, socks, strict=True):
-            sock.send_multipart(fpm.frames(fpm.heartbeat(wid, rank, counter)))
+        seq = counter.to_bytes(8, "big")
+        for send, (head, tail) in zip(sends, beats, strict=True):
+            send(b"", more)
+            send(seq, more)
+            send(head + seq + tail)
     conn.recv()
     cpu0 = time.process_time()
     period_s = 1.0 / hz
-    slices = [list(range(i, min(i + _SLICE, len(socks)))) for i in range(0, len(socks), _SLICE)]
+    slices = [
+        list(zip(sends[i : i + _SLICE], steps[i : i + _SLICE], strict=True)) for i in range(0, len(socks), _SLICE)
+    ]
     slice_s = period_s / len(slices)
-    frames = fpm.frames
     sent = 0
     max_lag_s = 0.0
     start = time.monotonic()
@@ -102,6 +135,7 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
     end = start + rounds * period_s
     for r in range(rounds):  # a publisher that cannot keep the pace stops at the end all the same
         counter += 1
+        seq = counter.to_bytes(8, "big")
         for j, members in enumerate(slices):
             now = time.monotonic()
             if now >= end:
@@ -111,9 +145,10 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
                 time.sleep(-lag)
             elif lag > max_lag_s:
                 max_lag_s = lag
-            for i in members:
-                wid, rank = keys[i]
-                socks[i].send_multipart(frames(_sample(wid, rank, counter)))
+            for send, (head, tail) in members:
+                send(b"", more)
+                send(seq, more)
+                send(head + seq + tail)
             sent += len(members)
     elapsed = max(time.monotonic() - start, rounds * period_s)  # the last period counts in full
     conn.send({"sent": sent, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0, "max_lag_s": max_lag_s})
@@ -123,10 +158,32 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
     ctx.term()
 
 
-def _thread_cpu_s(native_id: int) -> float:
-    with open(f"/proc/self/task/{native_id}/stat") as f:
+def _stat_cpu_s(path: str) -> float:
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14 and 15 of stat)
+
+
+def _thread_cpu_s(native_id: int) -> float:
+    return _stat_cpu_s(f"/proc/self/task/{native_id}/stat")
+
+
+def _process_cpu_s() -> float:
+    """Every thread of this process (the receive thread, the ticks, libzmq's I/O threads)."""
+    return _stat_cpu_s("/proc/self/stat")
+
+
+def _zmq_io_cpu_s() -> float:
+    """libzmq's background threads of this process (named ``ZMQbg/...``: the I/O threads and the reaper)."""
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("ZMQbg"):
+                    total += _thread_cpu_s(int(tid))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return total
 
 
 def _rss_mb() -> float:
@@ -227,7 +284,7 @@ def measure_paced(
     native_id = next((t.native_id for t in threading.enumerate() if t.name == "fpm-subscriber"), None)
     if native_id is None:
         raise RuntimeError("the subscriber thread did not start")
-    cpu0 = _thread_cpu_s(native_id)
+    cpu0, proc0, io0 = _thread_cpu_s(native_id), _process_cpu_s(), _zmq_io_cpu_s()
     config = CoreConfig(roles={Role.AGG: RoleConfig(min_replicas=1, max_replicas=2 * len(workers))})
     deployments = {"agg": DeploymentStatus(service="agg", desired=len(workers), ready=len(workers))}
     traffic = {Role.AGG: Traffic(request_rate_per_s=400.0, isl_tokens=3000, osl_tokens=300)}
@@ -254,6 +311,8 @@ def measure_paced(
     held_span = time.monotonic() - start
     stored_in_span = stored_now() - stored0
     cpu_in_span = _thread_cpu_s(native_id) - cpu0
+    proc_in_span = _process_cpu_s() - proc0
+    io_in_span = _zmq_io_cpu_s() - io0
     reports = [pipe.recv() for pipe in pipes]
     # Drain what is still queued (until every sample is stored, or nothing arrived for 3 s), then account.
     sent = sum(r["sent"] for r in reports)
@@ -297,6 +356,9 @@ def measure_paced(
         "drops_by_reason": drops,
         "ingest_thread_cpu_share": round(cpu_in_span / held_span, 3),
         "ingest_cpu_us_per_sample": round(cpu_in_span * 1e6 / stored_in_span, 2) if stored_in_span else None,
+        "process_cpu_share": round(proc_in_span / held_span, 3),
+        "process_cpu_us_per_sample": round(proc_in_span * 1e6 / stored_in_span, 2) if stored_in_span else None,
+        "zmq_io_cpu_share": round(io_in_span / held_span, 3),
         "rss_mb": round(rss, 1),
         "rss_per_endpoint_kb": round((rss - rss_before) * 1024 / endpoints, 1),
         "ticks": len(tick_ms),

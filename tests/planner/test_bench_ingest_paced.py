@@ -7,10 +7,12 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
-from planner.bench.ingest_paced import measure_paced
+from planner.bench.ingest_paced import _sample, measure_paced, patchable
 from planner.cli import main
+from worker_shim import fpm
 
 
 def test_every_paced_sample_is_stored_and_the_figures_are_all_there() -> None:
@@ -22,6 +24,19 @@ def test_every_paced_sample_is_stored_and_the_figures_are_all_there() -> None:
     assert figures["gaps"] == 0 and figures["drops_by_reason"] == {} and figures["loop_errors"] == 0
     assert figures["ticks"] >= 1 and figures["tick_ms_p99"] >= figures["tick_ms_p50"] > 0
     assert figures["ingest_thread_cpu_share"] >= 0 and figures["rss_mb"] > 0
+    # the whole subscriber process (every thread, libzmq's I/O threads among them) includes the receive thread
+    assert figures["process_cpu_share"] >= figures["ingest_thread_cpu_share"]
+    assert figures["process_cpu_share"] >= figures["zmq_io_cpu_share"] >= 0
+
+
+def test_a_patched_payload_is_the_same_fpm_v1_sample_with_that_counter() -> None:
+    for sample in (_sample("w7", 3, 0), fpm.heartbeat("", 0, 0), fpm.heartbeat("w%.x", 5, 9, run_id=2**63)):
+        head, tail = patchable(sample)
+        for counter in (0, 1, 127, 128, 2**32, 2**64 - 1):
+            seq = counter.to_bytes(8, "big")
+            decoded = fpm.decode(head + seq + tail)
+            assert decoded == msgspec.structs.replace(sample, counter_id=counter)
+            assert fpm.parse_frames([b"", seq, head + seq + tail])[1] == counter
 
 
 def test_paced_mode_refuses_an_endpoint_count_that_is_not_whole_workers(capsys: pytest.CaptureFixture[str]) -> None:
