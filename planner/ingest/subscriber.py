@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from planner.discovery import WorkerRecord
+from planner.ingest.links import TOTALED, Link, LinkStats, LinkTotals, ReconnectPolicy
 from planner.ingest.native import NATIVE_UNAVAILABLE, Drain, ReceivePath, drain_pyzmq, native_drain
+from planner.ingest.readiness import Readiness, make_readiness
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from worker_shim import fpm
 from worker_shim.curve import CurveClientKeys
@@ -45,109 +46,6 @@ log = logging.getLogger(__name__)
 
 _BATCH = 256  # messages drained from one socket before moving to the next ready one
 _EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-
-
-class ReconnectPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """Reconnect timing. libzmq retries a connect that fails (refused, unreachable) after ``base_s``, doubling
-    up to ``max_s``, with its own jitter; the subscriber waits ``min(max_s, base_s * 2**k) * U(1 - jitter, 1)``
-    before reopening an endpoint that dropped ``k + 1`` connections in a row without a decodable message (and
-    ``base_s`` when libzmq gave up on it after a protocol error)."""
-
-    base_s: float = 0.1
-    max_s: float = 5.0  # below the store's 10 s TTL: a worker back up is heard again before it counts as silent
-    jitter: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not 0.001 <= self.base_s <= self.max_s or not 0.0 <= self.jitter < 1.0:
-            raise ValueError("need 0.001 <= base_s <= max_s and 0 <= jitter < 1")
-
-    def delay_s(self, failures: int, rng: random.Random) -> float:
-        """The hold-off after ``failures`` consecutive failed connections (>= 0), jittered."""
-        raw = self.max_s if failures >= 64 else min(self.max_s, self.base_s * 2.0**failures)
-        return raw * (1.0 - self.jitter * rng.random())
-
-
-class LinkStats(msgspec.Struct, frozen=True, kw_only=True):
-    """One endpoint's connection counters (cumulative since the endpoint was first followed)."""
-
-    endpoint: str
-    connected: bool  # a ZMTP handshake completed and the connection has not dropped since
-    connections: int  # ZMTP handshakes completed (the first connection included)
-    disconnects: int  # connections dropped (reset, publisher gone, protocol error)
-    reconnects: int  # connections re-established after a drop
-    connect_retries: int  # connect attempts libzmq retried (refused, unreachable)
-    protocol_errors: int  # drops libzmq would not recover from by itself (socket replaced)
-    socket_replacements: int  # SUB sockets closed and reopened by the subscriber
-    backoff_s: float  # the hold-off the endpoint is in now (0.0: none)
-
-
-class LinkTotals(msgspec.Struct, frozen=True, kw_only=True):
-    """Connection counters summed over every endpoint ever followed (cumulative: never lower than before), and
-    how many endpoints wait out a backoff now."""
-
-    disconnects: int = 0
-    reconnects: int = 0
-    connect_retries: int = 0
-    protocol_errors: int = 0
-    socket_replacements: int = 0
-    backing_off: int = 0
-
-
-_TOTALED = ("disconnects", "reconnects", "connect_retries", "protocol_errors", "replacements")
-
-
-class _Link:
-    """Mutable per-endpoint state of the receive thread."""
-
-    __slots__ = (
-        "backoff_s",
-        "connect_retries",
-        "connected",
-        "connections",
-        "disconnects",
-        "due",
-        "endpoint",
-        "failures",
-        "healthy",
-        "monitor",
-        "protocol_errors",
-        "reconnects",
-        "replacements",
-        "settled",
-        "sock",
-        "verdict",
-    )
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.sock: zmq.Socket[bytes] | None = None
-        self.monitor: zmq.Socket[bytes] | None = None
-        self.connected = False
-        self.healthy = True  # a decodable message arrived since the last drop (or nothing dropped yet)
-        self.settled = True  # libzmq showed it is handling the last drop (a retry or a new handshake)
-        self.due: float | None = None  # when to act: a verdict on the last drop, or reopen the socket
-        self.verdict = False  # at ``due``: a silent libzmq means a message over ZMQ_MAXMSGSIZE (``oversized``)
-        self.failures = 0  # drops in a row without a decodable message
-        self.backoff_s = 0.0
-        self.connections = 0
-        self.disconnects = 0
-        self.reconnects = 0
-        self.connect_retries = 0
-        self.protocol_errors = 0
-        self.replacements = 0
-
-    def stats(self) -> LinkStats:
-        return LinkStats(
-            endpoint=self.endpoint,
-            connected=self.connected,
-            connections=self.connections,
-            disconnects=self.disconnects,
-            reconnects=self.reconnects,
-            connect_retries=self.connect_retries,
-            protocol_errors=self.protocol_errors,
-            socket_replacements=self.replacements,
-            backoff_s=self.backoff_s,
-        )
 
 
 class FpmSubscriber:
@@ -165,7 +63,10 @@ class FpmSubscriber:
         reconnect: ReconnectPolicy | None = None,
         seed: int | None = None,
         curve: CurveClientKeys | None = None,
+        min_poll_interval_s: float = 0.02,
     ) -> None:
+        if not 0.0 <= min_poll_interval_s <= 1.0:
+            raise ValueError("min_poll_interval_s must be within [0, 1]")
         self.store = store
         native = native_drain()
         if receive_path == "native" and native is None:
@@ -178,6 +79,10 @@ class FpmSubscriber:
         self.clock = clock
         self.reconnect = reconnect or ReconnectPolicy()
         self.curve = curve
+        #: The receive thread starts a round (wait, then drain every ready socket) at most this often: a round then
+        #: finds many sockets ready, several messages on a busy one, and each socket's wake-up costs less per
+        #: message. It adds up to this much latency to a sample (the decision tick reads every 0.5-1 s).
+        self.min_poll_interval_s = min_poll_interval_s
         self._rng = random.Random(seed)
         self.lock = threading.Lock()
         self.loop_errors = 0
@@ -189,12 +94,12 @@ class FpmSubscriber:
         if self._own_ctx:
             self._ctx.set(zmq.MAX_SOCKETS, self._ctx.get(zmq.SOCKET_LIMIT))
         self._ctx.setsockopt(zmq.LINGER, 0)
-        self._links: dict[str, _Link] = {}  # every endpoint followed, with or without an open socket
-        self._link_of: dict[zmq.Socket[bytes], _Link] = {}  # open SUB sockets
-        self._monitor_of: dict[zmq.Socket[bytes], _Link] = {}  # their monitors
-        self._due: set[_Link] = set()  # links with a timer (link.due)
-        self._departed = dict.fromkeys(_TOTALED, 0)  # counts of endpoints no longer followed
-        self._poller = zmq.Poller()
+        self._links: dict[str, Link] = {}  # every endpoint followed, with or without an open socket
+        # Open SUB sockets and monitors, by readiness (True: a monitor); sockets a capped batch left non-empty.
+        self._ready: Readiness[tuple[zmq.Socket[bytes], Link, bool]] = make_readiness()
+        self._carry: list[tuple[zmq.Socket[bytes], Link, bool]] = []
+        self._due: set[Link] = set()  # links with a timer (link.due)
+        self._departed = dict.fromkeys(TOTALED, 0)  # counts of endpoints no longer followed
         self._pending_workers: Mapping[str, WorkerRecord] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -238,7 +143,7 @@ class FpmSubscriber:
         sums = dict(self._departed)
         backing_off = 0
         for link in list(self._links.values()):
-            for name in _TOTALED:
+            for name in TOTALED:
                 sums[name] += getattr(link, name)
             backing_off += link.backoff_s > 0
         return LinkTotals(
@@ -260,14 +165,14 @@ class FpmSubscriber:
             link = self._links.pop(endpoint)
             self._close_socket(link)
             self._due.discard(link)
-            for name in _TOTALED:
+            for name in TOTALED:
                 self._departed[name] += getattr(link, name)
         for endpoint in wanted - self._links.keys():
-            link = _Link(endpoint)
+            link = Link(endpoint)
             if self._open_socket(link):
                 self._links[endpoint] = link
 
-    def _open_socket(self, link: _Link) -> bool:
+    def _open_socket(self, link: Link) -> bool:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_msg_bytes)
         sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
@@ -286,25 +191,24 @@ class FpmSubscriber:
             sock.close()
             return False
         link.sock, link.monitor = sock, monitor
-        self._link_of[sock] = link
-        self._monitor_of[monitor] = link
-        self._poller.register(sock, zmq.POLLIN)
-        self._poller.register(monitor, zmq.POLLIN)
+        self._ready.add(sock, (sock, link, False))
+        self._ready.add(monitor, (monitor, link, True))
+        # A new pipe starts out "awake": what is written to it before it was once read dry raises no ZMQ_FD signal
+        # (the monitor's first events do not), so both are read in the next round whatever epoll says.
+        self._carry += [(sock, link, False), (monitor, link, True)]
         return True
 
-    def _close_socket(self, link: _Link) -> None:
+    def _close_socket(self, link: Link) -> None:
         """Close the link's SUB socket and its monitor (never a disconnect on a socket that stays open)."""
         sock, monitor = link.sock, link.monitor
         link.sock = link.monitor = None
         link.connected = False
         if sock is not None:
-            del self._link_of[sock]
-            self._poller.unregister(sock)
+            self._ready.remove(sock)
             sock.disable_monitor()
             sock.close()
         if monitor is not None:
-            del self._monitor_of[monitor]
-            self._poller.unregister(monitor)
+            self._ready.remove(monitor)
             monitor.close()
 
     # -- receive ---------------------------------------------------------------------------------------------
@@ -319,31 +223,36 @@ class FpmSubscriber:
                 log.exception("cannot follow the discovered FPM endpoints")
         if self._due:
             timeout_ms = self._run_timers(timeout_ms)
-        received = 0
+        carried, self._carry = self._carry, []
         try:
-            ready = self._poller.poll(timeout_ms)
-        except zmq.ZMQError as exc:
+            ready = self._ready.wait(0.0 if carried else timeout_ms / 1000)
+        except (OSError, zmq.ZMQError) as exc:
             self.loop_errors += 1
             log.warning("FPM poll failed: %s", exc)
+            self._carry = carried
             return 0
+        if carried:
+            ready = list(dict.fromkeys(ready + carried))  # a carried socket may be signalled too: drained once
         # Monitor events first: a disconnect must be known before the messages of the connection that follows.
-        ready.sort(key=lambda item: item[0] not in self._monitor_of)
-        for sock, _ in ready:
+        ready.sort(key=lambda item: not item[2])
+        received = 0
+        for sock, link, is_monitor in ready:
             try:
-                link = self._monitor_of.get(sock)
-                if link is not None:
-                    received += self._drain_monitor(link)
-                else:
-                    link = self._link_of.get(sock)
-                    if link is not None:  # not closed by a monitor event of this round
-                        received += self._drain(sock, link)
+                if is_monitor:
+                    if link.monitor is sock:
+                        received += self._drain_monitor(link)
+                elif link.sock is sock:  # not closed by a monitor event of this round
+                    got = self._drain(sock, link)
+                    received += got
+                    if got >= _BATCH:  # left non-empty: its ZMQ_FD will not signal these messages again
+                        self._carry.append((sock, link, False))
             except Exception:  # the loop must survive anything one socket does
                 self.loop_errors += 1
                 log.exception("FPM receive failed")
         self.received += received
         return received
 
-    def _drain(self, sock: zmq.Socket[bytes], link: _Link) -> int:
+    def _drain(self, sock: zmq.Socket[bytes], link: Link) -> int:
         payloads, bad = self._drain_socket(sock, _BATCH)
         if payloads or bad:
             endpoint = link.endpoint
@@ -372,7 +281,7 @@ class FpmSubscriber:
                 link.failures = 0
         return len(payloads) + bad
 
-    def _drain_monitor(self, link: _Link) -> int:
+    def _drain_monitor(self, link: Link) -> int:
         """Handle the link's connection events; returns the messages drained from a socket closed here."""
         monitor = link.monitor
         received = 0
@@ -395,7 +304,7 @@ class FpmSubscriber:
                 received += self._on_disconnect(link)
         return received
 
-    def _on_disconnect(self, link: _Link) -> int:
+    def _on_disconnect(self, link: Link) -> int:
         was_connected = link.connected
         link.connected = False
         link.disconnects += 1
@@ -417,7 +326,7 @@ class FpmSubscriber:
         self._schedule(link, self.reconnect.delay_s(link.failures, self._rng), verdict=False)
         return received
 
-    def _schedule(self, link: _Link, delay_s: float, *, verdict: bool) -> None:
+    def _schedule(self, link: Link, delay_s: float, *, verdict: bool) -> None:
         link.due = time.monotonic() + delay_s
         link.backoff_s = 0.0 if verdict or link.sock is not None else delay_s
         link.verdict = verdict
@@ -444,7 +353,7 @@ class FpmSubscriber:
                 log.exception("FPM reconnect of %s failed", link.endpoint)
         return max(0, round((wake - now) * 1000))
 
-    def _expire(self, link: _Link) -> None:
+    def _expire(self, link: Link) -> None:
         if link.sock is None:  # the backoff is over: a fresh socket
             link.backoff_s = 0.0
             if self._open_socket(link):
@@ -480,7 +389,14 @@ class FpmSubscriber:
         return self
 
     def _run(self) -> None:
+        interval_s = self.min_poll_interval_s
+        next_round = 0.0
         while not self._stop.is_set():
+            now = time.monotonic()
+            if now < next_round:
+                self._stop.wait(next_round - now)
+                continue
+            next_round = now + interval_s
             self.poll_once(50)
 
     def close(self) -> None:
@@ -492,6 +408,8 @@ class FpmSubscriber:
             self._close_socket(link)
         self._links.clear()
         self._due.clear()
+        self._carry.clear()
+        self._ready.close()
         if self._own_ctx:
             self._ctx.term()
 

@@ -311,3 +311,80 @@ def test_the_native_drain_raises_zmq_errors_other_than_eagain(ctx: zmq.Context[z
         pub.close(linger=0)
     with pytest.raises(ValueError, match="null socket handle"):  # a closed socket: an error, never a crash
         drain(pub, 10)
+
+
+# -- issue 14: readiness from ZMQ_FD (epoll), rounds at most every min_poll_interval_s ------------------------------
+
+
+@pytest.mark.parametrize("path", ["native", "pyzmq"])
+def test_a_socket_holding_several_batches_is_emptied_without_further_traffic(
+    ctx: zmq.Context[zmq.Socket[bytes]], path: ReceivePath
+) -> None:
+    # ZMQ_FD signals once for what a drain leaves behind: a socket cut at the batch cap must be carried to the
+    # next round by the subscriber, or its backlog waits for the endpoint's next message.
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store, context=ctx, receive_path=path)
+    raw = RawPublisher(ctx, sub, "w")
+    try:
+        raw.join()
+        while sub.poll_once(50):
+            pass
+        base = store.rank_view("w", 0, 0.0).heartbeats
+        for _ in range(700):  # ~3 batches at once (under the PUB's SNDHWM of 1000): no message after these
+            raw.send_multipart(raw.good())
+        pump(sub, lambda: store.rank_view("w", 0, 0.0).heartbeats == base + 700)
+        assert store.rank_view("w", 0, 0.0).gaps == 0 and sub.loop_errors == 0
+    finally:
+        sub.close()
+        raw.close()
+
+
+def test_the_receive_thread_batches_rounds_and_keeps_every_sample_attributed(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    store = FleetStore(ttl_s=30.0)
+    # A long minimum interval: messages pile up on many sockets between rounds and are all drained in the next.
+    sub = FpmSubscriber(store, context=ctx, min_poll_interval_s=0.3)
+    ids = [f"w{i}" for i in range(6)]
+    pubs = {
+        wid: FpmPublisher(worker_id=wid, endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.05, context=ctx).start()
+        for wid in ids
+    }
+    # w5 publishes on the endpoint discovery gives w4, w4 under "" (its identity never synced).
+    pubs["w4"].set_worker_id("")
+    eps = {wid: pubs[wid].bound_endpoint or "" for wid in ids}
+    discovered = {wid: record(wid, eps[wid]) for wid in ids[:4]}
+    discovered["w4"] = record("w4", eps["w4"])
+    discovered["w5"] = record("w5", "tcp://127.0.0.1:1")  # its own endpoint: nobody there
+    discovered["x"] = record("x", eps["w5"])
+    sub.set_workers(discovered)
+    sub.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not all(store.rank_view(wid, 0, 0.0).heartbeats for wid in ids[:4]):
+            assert time.monotonic() < deadline, "not every endpoint was heard"
+            time.sleep(0.05)
+        for _ in range(50):
+            for wid in ids:
+                pubs[wid].publish(0.01, STEP, QUEUE)
+        while not (
+            all(store.rank_view(wid, 0, 0.0).samples == 50 for wid in ids[:4])
+            and store.drops[DropReason.FOREIGN_ENDPOINT] >= 50
+            and store.drops[DropReason.EMPTY_WORKER_ID] >= 50
+        ):
+            assert time.monotonic() < deadline + 10, "not every sample arrived"
+            time.sleep(0.05)
+        assert [store.rank_view(wid, 0, 0.0).gaps for wid in ids[:4]] == [0, 0, 0, 0]
+        snap = sub.snapshot(0.0)
+        assert snap.endpoints[eps["w4"]].worker_id == "" and snap.endpoints[eps["w5"]].worker_id == "w5"
+        assert store.rank_view("w4", 0, 0.0).samples == 0 and store.rank_view("x", 0, 0.0).samples == 0
+    finally:
+        sub.close()
+        for pub in pubs.values():
+            pub.close()
+
+
+def test_the_minimum_poll_interval_is_bounded() -> None:
+    for bad in (-0.01, 1.5, math.nan):
+        with pytest.raises(ValueError, match="min_poll_interval_s"):
+            FpmSubscriber(FleetStore(ttl_s=5.0), min_poll_interval_s=bad)
