@@ -327,9 +327,13 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # SLA mode: the ITL check's own headroom (None: headroom_frac). The models predict the MEAN ITL of an engine's
     # sequences while the SLA is per request: the spread of request ITLs around that mean (a short request
     # decoding through a long prompt's chunks) is ITL-specific, so it gets its own margin.
-    # Shipped default 0.7 (the predicted mean ITL within 30 % of the target), the margin the closed loop
-    # (sla_feedback) corrects from the observed attainment in either direction.
-    itl_headroom_frac: float | None = 0.7
+    # Shipped default None: the per-request tail model (planner.core.tail: the share of requests whose own ITL
+    # misses, from the traffic's OSL distribution) is the margin, and the closed loop (sla_feedback) corrects
+    # what remains from the observed attainment. (Was a constant 0.7, calibrated on one trace.)
+    itl_headroom_frac: float | None = None
+    # The sliding window the traffic (rate, ISL/OSL distribution, observed attainment) is read over, from the FPM
+    # traffic extension (planner.ingest.traffic). Short: a shift shows within it; long: fewer, steadier samples.
+    traffic_window_s: float = 30.0
 
     def __post_init__(self) -> None:
         _need(
@@ -344,6 +348,10 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             f"itl_headroom_frac must be in [0, 1), got {self.itl_headroom_frac!r}",
         )
         _finite_nonneg("startup_s", self.startup_s)
+        _need(
+            math.isfinite(self.traffic_window_s) and self.traffic_window_s > 0,
+            f"traffic_window_s must be > 0, got {self.traffic_window_s!r}",
+        )
         _need(
             self.scale_down_window_startups is None
             or (math.isfinite(self.scale_down_window_startups) and self.scale_down_window_startups >= 0),
@@ -407,6 +415,12 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def role(self, role: Role) -> RoleConfig:
         return self.roles.get(role) or RoleConfig()
+
+    @property
+    def traffic_window_s(self) -> float:
+        """The window the FPM traffic is read over: the longest any role asks for (one set of windows serves
+        every service)."""
+        return max((rc.traffic_window_s for rc in self.roles.values()), default=RoleConfig().traffic_window_s)
 
     def bounds(self) -> Bounds:
         """The run-time adjustable part: min/max per role and the GPU budget."""

@@ -75,6 +75,8 @@ class Reason(enum.StrEnum):
     SILENT_COUNTED_IDLE = "silent_counted_idle"
     LOAD_OVERRIDDEN = "load_overridden"
     LOAD_INVALID = "load_invalid"
+    BACKLOG_DRAINS_BEFORE_STARTUP = "backlog_drains_before_startup"
+    BACKLOG_OUTLASTS_STARTUP = "backlog_outlasts_startup"
     # sla feedback
     SLA_FEEDBACK_TIGHTENED = "sla_feedback_tightened"
     SLA_FEEDBACK_RELAXED = "sla_feedback_relaxed"
@@ -110,6 +112,7 @@ class Reason(enum.StrEnum):
     # in flight
     ACTION_IN_FLIGHT = "action_in_flight"
     IN_FLIGHT_TARGET_RAISED = "in_flight_target_raised"
+    IN_FLIGHT_RAISED_FOR_ARRIVALS = "in_flight_raised_for_arrivals"
     PENDING_TARGET_LOWERED = "pending_target_lowered"
     TARGET_NOT_REACHED = "target_not_reached"
     # gpu budget

@@ -27,10 +27,12 @@ from collections.abc import Callable
 import msgspec
 
 from perf_model.api import PerfPredictor, StepPredictor
+from planner.core.agg_latency import AggLatency, mdl_queue_requests, predict_agg_latency
 from planner.core.config import SlaTargets, ThresholdConfig
 from planner.core.decision import Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
 from planner.core.reconcile import Reconciled
+from planner.core.tail import itl_miss_frac, osl_points, ttft_tail_isl
 from planner.discovery import Role
 
 __all__ = ["AggLatency", "Recommendation", "predict_agg_latency", "recommend_sla", "recommend_threshold"]
@@ -46,6 +48,8 @@ class Recommendation(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
     predicted_ttft_ms: float | None = None
     predicted_itl_ms: float | None = None
+    # SLA mode, on a scale-up: the fewest replicas the arrivals alone need (no backlog); None when not computed.
+    arrivals_replicas: int | None = None
 
 
 def _ceil(x: float) -> int:
@@ -111,203 +115,13 @@ def recommend_threshold(
     return Recommendation(replicas=replicas, reason=reason, mode=Mode.THRESHOLD, detail=detail)
 
 
-def _mdl_queue_requests(utilization: float) -> float:
-    """Mean queue length (requests) of an M/D/1 queue at ``utilization`` < 1."""
-    return utilization * utilization / (2.0 * (1.0 - utilization))
-
-
-class AggLatency(msgspec.Struct, frozen=True, kw_only=True):
-    """Predicted steady state of one aggregated engine (see :func:`predict_agg_latency`). ``itl_ms`` and
-    ``ttft_ms`` are upper-band values, ``inf`` when the engine cannot keep up (``saturated`` names the limit)."""
-
-    itl_ms: float
-    ttft_ms: float
-    decode_batch: float  # running decodes per step (Little's law at the predicted ITL)
-    prefill_busy_frac: float  # share of the engine's time spent in steps carrying a prefill chunk
-    prompt_prefill_ms: float  # the steps of one prompt's chunks, decode batch included
-    saturated: str = ""  # "" | "token budget" | "engine time" | "max_num_seqs" | "KV capacity"
-
-
-_BISECT_STEPS = 40
-_BISECT_TOLERANCE_MS = 0.01
-_SCAN_FACTOR = 1.25  # geometric grid for the first fixed point of the ITL
-_SCAN_STEPS = 256  # 1.25^256 ~ 1e25: the grid never needs more from any positive start; bounded whatever happens
-_MIN_STEP_MS = 1e-6  # a step predicted at 0 ms (a degenerate fit) is read as this, never divided by
 # The consolidation walk above the bisection's answer (the model is monotone almost everywhere): at most this
 # many single steps, then the bisection's own answer, which always meets the targets, stands.
 _WALK_STEPS = 32
+# The observed ITL attainment scales the tail model's predicted misses within these bounds.
+_MIN_TAIL_SCALE = 0.01
+_MAX_TAIL_SCALE = 10.0
 _MAX_HEADROOM = 0.95  # configured headroom plus the closed loop's correction never leaves less than 5 % of a target
-
-
-def predict_agg_latency(
-    predictor: StepPredictor,
-    *,
-    rate_per_s: float,
-    isl_tokens: float,
-    osl_tokens: float,
-    kv_per_request_tokens: float,
-    max_num_batched_tokens: int,
-    decode_requests: float = 0.0,
-    queued_prefill_tokens: float = 0.0,
-    scheduled_prefill_tokens: float = 0.0,
-    max_num_seqs: float = 0.0,
-    kv_capacity_tokens: float = 0.0,
-) -> AggLatency:
-    """Mean ITL and TTFT of ONE aggregated engine receiving ``rate_per_s`` requests/s of ``isl_tokens`` in and
-    ``osl_tokens`` out, derived from how the engine schedules (vLLM V1, chunked prefill):
-
-    - each step, every running decode takes one token of the ``max_num_batched_tokens`` budget first; a prompt
-      is prefilled in the rest, in chunks of ``c = budget - B`` tokens (the last one partial), each chunk
-      attending to the earlier ones. One prompt thus costs ``S = sum of its chunk steps`` (decode batch
-      included) and ``k = ceil(ISL / c)`` steps;
-    - per second, ``rate x k`` steps carry a chunk and take ``rate x S`` ms; the rest of the second is
-      decode-only steps of ``T_d = predict_step_ms(0, 0, B, B x kv_per_request)``. Every running sequence gets
-      one token per step, so ``ITL = 1000 / (rate x k + (1000 - rate x S) / T_d)``: the time-weighted mean step,
-      long chunk steps counted as long (a mean-field step would under-count them: step time is convex in the
-      chunk size);
-    - ``B = max(decode_requests, rate x OSL x ITL / 1000)`` (Little's law), so ITL is a fixed point, found by
-      bisection;
-    - TTFT: the prompt's chunk steps behind the queue, ``queued_prefill_tokens`` or, when larger, the mean
-      M/D/1 queue of prompts at prefill utilization ``rate x S / 1000``.
-
-    Saturated (``inf``) when prefill alone fills the engine's time, the decode batch leaves no prefill budget,
-    or ``B`` exceeds ``max_num_seqs`` or the KV capacity (either skipped when 0 = unknown). The chunk sum is
-    computed in two calls, exact when the step time is linear in ``prefill_kv_tokens`` (perf_model's fit and
-    profile timer both are). Without a rate, the observed per-engine batch and scheduled prefill tokens are
-    one step's load. Arguments are per engine.
-    """
-    args = (
-        rate_per_s,
-        isl_tokens,
-        osl_tokens,
-        kv_per_request_tokens,
-        decode_requests,
-        queued_prefill_tokens,
-        scheduled_prefill_tokens,
-        max_num_seqs,
-        kv_capacity_tokens,
-    )
-    if not all(math.isfinite(v) for v in args):
-        return AggLatency(
-            itl_ms=math.inf,
-            ttft_ms=math.inf,
-            decode_batch=0.0,
-            prefill_busy_frac=1.0,
-            prompt_prefill_ms=math.inf,
-            saturated="non-finite input",
-        )
-    budget = float(max(max_num_batched_tokens, 1))
-    rate = max(rate_per_s, 0.0)
-    isl = max(isl_tokens, 1.0)
-    osl = max(osl_tokens, 1.0)
-    kv_per = max(kv_per_request_tokens, 0.0)
-    observed_batch = max(decode_requests, 0.0)
-    limit_batch = budget - 1.0
-    if max_num_seqs > 0:
-        limit_batch = min(limit_batch, float(max_num_seqs))
-    if kv_capacity_tokens > 0 and kv_per > 0:
-        limit_batch = min(limit_batch, kv_capacity_tokens / kv_per)
-
-    def step(prefill: float, prefill_kv: float, batch: float) -> float:
-        return predictor.predict_step_ms(prefill, prefill_kv, batch, batch * kv_per).upper_ms
-
-    def prompt(batch: float) -> tuple[float, int, float]:
-        """(ms of one prompt's chunk steps, number of them, chunk size) with ``batch`` decodes riding along."""
-        chunk = max(budget - batch, 1.0)
-        full = math.floor(isl / chunk + 1e-9)
-        rest = isl - full * chunk
-        total = full * step(chunk, chunk * (full - 1) / 2.0, batch) if full else 0.0
-        if rest > 1e-9:
-            total += step(rest, full * chunk, batch)
-        return total, full + (1 if rest > 1e-9 else 0), chunk
-
-    def saturated(reason: str, batch: float) -> AggLatency:
-        return AggLatency(
-            itl_ms=math.inf,
-            ttft_ms=math.inf,
-            decode_batch=batch,
-            prefill_busy_frac=1.0,
-            prompt_prefill_ms=math.inf,
-            saturated=reason,
-        )
-
-    if observed_batch > limit_batch:
-        return saturated("max_num_seqs" if observed_batch <= budget - 1.0 else "token budget", observed_batch)
-
-    def itl_given(assumed_ms: float) -> float:
-        batch = max(observed_batch, rate * osl * assumed_ms / 1000.0)
-        prompt_ms, steps, _ = prompt(batch)
-        busy_ms = rate * prompt_ms
-        if busy_ms >= 1000.0:
-            return math.inf
-        # A decode-only step exists only with a sequence decoding: at least one.
-        return 1000.0 / (rate * steps + (1000.0 - busy_ms) / max(step(0.0, 0.0, max(batch, 1.0)), _MIN_STEP_MS))
-
-    if rate <= 0:
-        batch = observed_batch
-        itl = step(max(scheduled_prefill_tokens, 0.0), 0.0, batch) if batch > 0 else math.nan
-    else:
-        top = 1000.0 * limit_batch / (rate * osl)  # the ITL at which Little's law fills the batch limit
-        # itl_given(I) - I is positive at 0 and may cross zero twice (the decode batch's own cost grows with I):
-        # the engine settles at the first crossing. Scan a geometric grid for it (bounded), then bisect.
-        lo, hi = 0.0, math.nan
-        probe = max(itl_given(0.0), _MIN_STEP_MS)
-        for _ in range(_SCAN_STEPS):
-            if not (math.isfinite(probe) and probe < top):
-                break
-            if itl_given(probe) <= probe:
-                hi = probe
-                break
-            lo, probe = probe, probe * _SCAN_FACTOR
-        if math.isnan(hi):
-            if math.isfinite(probe) and itl_given(top) <= top:
-                hi = top
-        if math.isnan(hi):
-            if math.isinf(itl_given(lo)):
-                return saturated("engine time", max(observed_batch, rate * osl * lo / 1000.0))
-            return saturated(_batch_limit(budget, max_num_seqs, kv_capacity_tokens, kv_per), limit_batch)
-        for _ in range(_BISECT_STEPS):
-            if hi - lo <= _BISECT_TOLERANCE_MS:
-                break
-            mid = (lo + hi) / 2.0
-            if itl_given(mid) > mid:
-                lo = mid
-            else:
-                hi = mid
-        itl = hi
-        batch = max(observed_batch, rate * osl * itl / 1000.0)
-    prompt_ms, _, chunk = prompt(batch)
-    busy = rate * prompt_ms / 1000.0
-    if busy >= 1.0:
-        return saturated("engine time", batch)
-    backlog = max(queued_prefill_tokens, 0.0)
-    if rate > 0:
-        backlog = max(backlog, isl * _mdl_queue_requests(busy))
-    # Prefill-only TTFT in chunks of the budget left to prefill, plus the decode batch riding every step.
-    ttft = predictor.predict_ttft_ms(isl, backlog, max(int(chunk), 1)).upper_ms
-    if batch > 0:
-        pkv = max(isl - chunk, 0.0) / 2.0
-        extra_ms = step(chunk, pkv, batch) - step(chunk, pkv, 0.0)
-        ttft += math.ceil((backlog + isl) / chunk - 1e-9) * max(extra_ms, 0.0)
-    if math.isnan(itl):
-        itl = 0.0  # nothing decoding: no ITL to miss
-    return AggLatency(
-        itl_ms=itl,
-        ttft_ms=ttft,
-        decode_batch=batch,
-        prefill_busy_frac=busy,
-        prompt_prefill_ms=prompt_ms,
-    )
-
-
-def _batch_limit(budget: float, max_num_seqs: float, kv_capacity_tokens: float, kv_per: float) -> str:
-    """Which limit caps the decode batch (the smallest)."""
-    limits = [(budget - 1.0, "token budget")]
-    if max_num_seqs > 0:
-        limits.append((max_num_seqs, "max_num_seqs"))
-    if kv_capacity_tokens > 0 and kv_per > 0:
-        limits.append((kv_capacity_tokens / kv_per, "KV capacity"))
-    return min(limits)[1]
 
 
 def recommend_sla(
@@ -325,6 +139,8 @@ def recommend_sla(
     ttft_correction_frac: float = 0.0,
     itl_correction_frac: float = 0.0,
     startup_s: float = 0.0,
+    attainment_goal: float = 0.99,
+    min_samples: int = 20,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -336,7 +152,20 @@ def recommend_sla(
     a count above ``current`` is judged against the prefill backlog that will remain then — today's queue plus
     the arrivals meanwhile minus what the current engines prefill in that time — not against today's queue
     (which the current engines face, and which sized a surge's answer for a backlog gone by the time the
-    replicas arrive)."""
+    replicas arrive).
+
+    Backlog-aware cap: a queued request stays on the engine that holds it (vLLM does not move it; the router
+    places only new arrivals), so replicas added for a backlog help only the arrivals. When the capacity up or
+    coming drains today's queue within one start-up, a scale-up goes no further than what the arrivals need
+    (``backlog_drains_before_startup``, a hold when the current count is enough); when the backlog outlasts a
+    start-up, no further than the current count plus what the arrivals need on the new replicas alone, while
+    the current engines drain it (``backlog_outlasts_startup``).
+
+    Per-request tail (:mod:`planner.core.tail`): with the traffic's ISL/OSL percentiles, TTFT is checked for a
+    p99 (else p90) prompt behind the queue, and on aggregated engines with a step model the share of requests
+    whose own ITL misses the limit must stay within ``1 - attainment_goal``, that share scaled (within
+    0.01 .. 10) by the observed ITL misses over the predicted ones at the current count: only when the traffic
+    carries an ITL attainment resting on at least ``min_samples`` requests."""
     dp = max(rec.dp_per_replica, 1)
     reported = rec.max_num_batched_tokens if math.isfinite(rec.max_num_batched_tokens) else 0.0
     mnbt = int(reported) if reported >= 1 else max(int(default_max_num_batched_tokens), 1)
@@ -372,14 +201,37 @@ def recommend_sla(
         net_tokens_per_s = rate * isl - tokens_per_s * current * dp
         backlog_later = max(0.0, load.queued_prefill_tokens + net_tokens_per_s * startup_s)
 
-    def backlog_for(n: int) -> float:
+    def backlog_for(n: int, arrivals_only: bool) -> float:
+        if arrivals_only:
+            return 0.0
         return load.queued_prefill_tokens if n <= current else backlog_later
+
+    # The per-request tail (planner.core.tail), from the traffic's ISL/OSL distribution when it has one.
+    t = traffic
+    osl_pts = (
+        osl_points(None, t.osl_tokens_p50, t.osl_tokens_p90, t.osl_tokens_p99)
+        if t is not None and t.osl_tokens_p50
+        else ()
+    )
+    tail_isl = t.isl_tokens_p90 if t is not None and t.isl_tokens_p90 and t.isl_tokens_p90 > isl else isl
+    ttft_isl = isl
+    if t is not None and check_ttft:
+        ttft_isl = ttft_tail_isl(
+            isl,
+            t.isl_tokens_p90,
+            t.isl_tokens_p99,
+            lambda tokens: predictor.predict_ttft_ms(tokens, 0.0, mnbt).upper_ms,
+            ttft_limit,
+        )
+    miss_budget = max(1.0 - attainment_goal, 0.0)
 
     mixed = predictor if role is Role.AGG and isinstance(predictor, StepPredictor) else None
     if mixed is not None and load.decode_requests <= 0:
         kv_per_request = isl + (osl or 0.0) / 2.0
 
-    def evaluate_agg(n: int, step_predictor: StepPredictor) -> tuple[bool, float | None, float | None]:
+    def evaluate_agg(
+        n: int, step_predictor: StepPredictor, arrivals_only: bool
+    ) -> tuple[bool, float | None, float | None]:
         engines = n * dp
         agg = predict_agg_latency(
             step_predictor,
@@ -389,27 +241,72 @@ def recommend_sla(
             kv_per_request_tokens=kv_per_request,
             max_num_batched_tokens=mnbt,
             decode_requests=(load.decode_requests + load.queued_decode_requests) / engines,
-            queued_prefill_tokens=backlog_for(n) / engines,
+            queued_prefill_tokens=backlog_for(n, arrivals_only) / engines,
             scheduled_prefill_tokens=0.0 if rate else load.scheduled_prefill_tokens / engines,
             max_num_seqs=rec.max_num_seqs,
             kv_capacity_tokens=rec.kv_capacity_tokens,
+            tail_isl_tokens=tail_isl,
+            ttft_isl_tokens=ttft_isl,
         )
-        return agg.ttft_ms <= ttft_limit and agg.itl_ms <= itl_limit, agg.ttft_ms, agg.itl_ms
+        ttft = max(agg.ttft_ms, agg.ttft_tail_ms) if ttft_isl > isl else agg.ttft_ms
+        ok = ttft <= ttft_limit and agg.itl_ms <= itl_limit
+        if ok and miss_scale is not None:
+            ok = miss_scale * tail_miss(agg, engines) <= miss_budget
+        return ok, ttft, agg.itl_ms
 
-    def evaluate(n: int) -> tuple[bool, float | None, float | None]:
+    def tail_miss(agg: AggLatency, engines: int) -> float:
+        return itl_miss_frac(
+            prompts_per_s=(rate or 0.0) / engines,
+            chunk_steps_per_prompt=agg.prompt_chunk_steps,
+            chunk_step_ms=agg.chunk_step_ms,
+            last_chunk_step_ms=agg.last_chunk_step_ms,
+            decode_step_ms=agg.decode_step_ms,
+            itl_ms=agg.itl_ms,
+            ttft_ms=agg.ttft_ms,
+            limit_ms=itl_limit,
+            osl=osl_pts,
+        )
+
+    # The tail's scale comes from what users felt (the model gives the shape, how the share of misses falls with
+    # the count; the observed ITL attainment at the current count gives its scale), bounded, and only with enough
+    # requests observed: without it (None) the mean's check stands. Prefix-cache hits, which the model does not
+    # see, shorten the chunk steps: uncalibrated, it asked for ~110 replicas where ~13 meet 99 % (Mooncake).
+    miss_scale: float | None = None
+    observed = t.itl_attainment_frac if t is not None else None
+    samples = (t.itl_samples_in_window or 0) if t is not None else 0
+    if mixed is not None and osl_pts and observed is not None and samples >= min_samples and current > 0 and rate:
+        now_agg = predict_agg_latency(
+            mixed,
+            rate_per_s=rate / (current * dp),
+            isl_tokens=isl,
+            osl_tokens=osl or 1.0,
+            kv_per_request_tokens=kv_per_request,
+            max_num_batched_tokens=mnbt,
+            decode_requests=(load.decode_requests + load.queued_decode_requests) / (current * dp),
+            max_num_seqs=rec.max_num_seqs,
+            kv_capacity_tokens=rec.kv_capacity_tokens,
+            tail_isl_tokens=tail_isl,
+        )
+        # at the goal the current count stays what the tail asks for; all met: a quarter of the budget counts
+        ratio = max(1.0 - observed, miss_budget / 4.0) / max(tail_miss(now_agg, current * dp), 1e-9)
+        miss_scale = min(max(ratio, _MIN_TAIL_SCALE), _MAX_TAIL_SCALE)
+
+    def evaluate(n: int, arrivals_only: bool = False) -> tuple[bool, float | None, float | None]:
         if mixed is not None:
-            return evaluate_agg(n, mixed)
+            return evaluate_agg(n, mixed, arrivals_only)
         engines = n * dp
         ok = True
         ttft = itl = None
         if check_ttft:
-            backlog = backlog_for(n) / engines
+            backlog = backlog_for(n, arrivals_only) / engines
             if rate:
                 utilization = rate * isl / engines / tokens_per_s
                 if utilization >= 1.0:
                     return False, math.inf, None
-                backlog = max(backlog, isl * _mdl_queue_requests(utilization))
+                backlog = max(backlog, isl * mdl_queue_requests(utilization))
             ttft = predictor.predict_ttft_ms(isl, backlog, mnbt).upper_ms
+            if ttft_isl > isl:
+                ttft = max(ttft, predictor.predict_ttft_ms(ttft_isl, backlog, mnbt).upper_ms)
             ok = ttft <= ttft_limit
         if check_itl and ok:
             requests = load.decode_requests + load.queued_decode_requests
@@ -437,6 +334,30 @@ def recommend_sla(
 
     search_hi = max(min(search_max, MAX_SEARCH_REPLICAS), 1)
     n = first_meeting(lambda k: evaluate(k)[0], 1, search_hi)
+    arrivals: int | None = None
+    if rate and (n is None or n > current):
+        arrivals = first_meeting(lambda k: evaluate(k, True)[0], 1, search_hi)
+    capped = _backlog_cap(
+        n,
+        current,
+        queued_tokens=load.queued_prefill_tokens,
+        arrival_tokens_per_s=(rate or 0.0) * isl,
+        capacity_tokens_per_s=tokens_per_s * current * dp if current > 0 else 0.0,
+        startup_s=startup_s,
+        arrivals_need=arrivals,
+    )
+    if capped is not None:
+        count, reason, why = capped
+        _, ttft, itl = evaluate(count, True)
+        return Recommendation(
+            replicas=count,
+            reason=reason,
+            mode=Mode.SLA,
+            detail=why,
+            predicted_ttft_ms=_finite(ttft),
+            predicted_itl_ms=_finite(itl),
+            arrivals_replicas=arrivals,
+        )
     if n is None:
         _, ttft, itl = evaluate(search_hi)
         if evaluate(MAX_SEARCH_REPLICAS)[0]:
@@ -447,6 +368,7 @@ def recommend_sla(
                 detail=f"more than {search_hi} replicas needed",
                 predicted_ttft_ms=_finite(ttft),
                 predicted_itl_ms=_finite(itl),
+                arrivals_replicas=arrivals,
             )
         # More replicas do not help (the latency floor of one request is above the target): hold.
         return Recommendation(
@@ -456,6 +378,7 @@ def recommend_sla(
             detail=f"even {search_hi} replicas miss the SLA; holding at {current}",
             predicted_ttft_ms=_finite(ttft),
             predicted_itl_ms=_finite(itl),
+            arrivals_replicas=arrivals,
         )
     # Consolidation check: the chosen count must itself meet the SLA (bisection assumed monotone).
     ok, ttft, itl = evaluate(n)
@@ -487,6 +410,55 @@ def recommend_sla(
         detail=f"{n} replicas: " + ", ".join(parts),
         predicted_ttft_ms=_finite(ttft),
         predicted_itl_ms=_finite(itl),
+        arrivals_replicas=arrivals,
+    )
+
+
+def _backlog_cap(
+    searched: int | None,
+    current: int,
+    *,
+    queued_tokens: float,
+    arrival_tokens_per_s: float,
+    capacity_tokens_per_s: float,
+    startup_s: float,
+    arrivals_need: int | None,
+) -> tuple[int, Reason, str] | None:
+    """The backlog-aware cap of a scale-up (see :func:`recommend_sla`): None when it does not bind (no scale-up
+    asked, no queue, no rate, no start-up delay or no capacity up), else (count, reason, detail).
+    ``searched`` is the search's answer (None: no count met the SLA); ``arrivals_need`` the fewest replicas
+    meeting it for the arrivals alone, with no backlog (None: none)."""
+    if searched is not None and searched <= current:
+        return None
+    if current <= 0 or queued_tokens <= 0 or arrival_tokens_per_s <= 0 or startup_s <= 0:
+        return None
+    if not math.isfinite(capacity_tokens_per_s) or capacity_tokens_per_s <= 0:
+        return None
+    need = arrivals_need
+    if need is None:
+        return None  # the arrivals alone cannot be served: the search's answer stands
+    surplus = capacity_tokens_per_s - arrival_tokens_per_s
+    drain_s = queued_tokens / surplus if surplus > 0 else math.inf
+    backlog = f"{queued_tokens:.0f} queued prefill tokens"
+    if drain_s <= startup_s:
+        count = max(need, current)
+        if searched is not None and count >= searched:
+            return None
+        return (
+            count,
+            Reason.BACKLOG_DRAINS_BEFORE_STARTUP,
+            f"{backlog} drain in {drain_s:.0f} s on {current} replicas, before a start-up ({startup_s:.0f} s):"
+            f" {count} for the arrivals",
+        )
+    count = current + need
+    if searched is not None and count >= searched:
+        return None
+    drains = f"drain in {drain_s:.0f} s" if math.isfinite(drain_s) else "grow"
+    return (
+        count,
+        Reason.BACKLOG_OUTLASTS_STARTUP,
+        f"{backlog} {drains} on {current} replicas, past a start-up ({startup_s:.0f} s); queued requests stay"
+        f" there: {current} + {need} for the arrivals",
     )
 
 

@@ -99,11 +99,15 @@ def hold_in_flight(
     now: float,
     pending_timeout_s: float,
     raise_to: int | None = None,
+    arrivals_raise_to: int | None = None,
 ) -> tuple[Clamped, tuple[Reason, ...]]:
     """No stacking while an action is in flight. Returns the clamped value and extra (informational)
     reasons, e.g. ``target_not_reached`` when the target has been pending longer than
     ``pending_timeout_s``. ``raise_to``: the most a scale-up may raise the in-flight target to (the caller sizes
-    it from the request rate's growth since the action was decided), ``in_flight_target_raised``."""
+    it from the request rate's growth since the action was decided), ``in_flight_target_raised``.
+    ``arrivals_raise_to``: the count the arrivals alone need (no backlog), when above the in-flight target: the
+    target is raised to it (``in_flight_raised_for_arrivals``): a target that cannot serve the arrivals when it
+    is reached is not worth waiting for (a prompt-length shift at the same request rate)."""
     if deployment is None or not deployment.in_flight:
         return Clamped(replicas=value), ()
     waited_s = now - (in_flight_since if in_flight_since is not None else now)
@@ -111,6 +115,14 @@ def hold_in_flight(
     if waited_s >= pending_timeout_s and deployment.ready < deployment.desired:
         extra = (Reason.TARGET_NOT_REACHED,)
     ready = deployment.ready
+    if value > current and arrivals_raise_to is not None and arrivals_raise_to > max(current, raise_to or 0):
+        raised = min(value, arrivals_raise_to)
+        return Clamped(
+            replicas=raised,
+            reason=Reason.IN_FLIGHT_RAISED_FOR_ARRIVALS,
+            detail=f"{ready} of {deployment.desired} ready, but the arrivals alone need {arrivals_raise_to}:"
+            f" target raised to {raised}",
+        ), extra
     if value > current and raise_to is not None and raise_to > current:
         raised = min(value, raise_to)
         return Clamped(

@@ -133,6 +133,8 @@ def _recommend(
             ttft_correction_frac=corrections[0],
             itl_correction_frac=corrections[1],
             startup_s=startup_s,
+            attainment_goal=rc.sla_feedback.attainment_goal,
+            min_samples=rc.sla_feedback.min_samples,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -309,7 +311,7 @@ def _draft(
     rate_now = traffic.request_rate_per_s if traffic is not None else None
     raise_to = in_flight_raise_to(rc, sstate, rate_now, in_flight, current)
     clamped, extra_in_flight = hold_in_flight(
-        value, current, deployment, in_flight_since, now, rc.pending_timeout_s, raise_to
+        value, current, deployment, in_flight_since, now, rc.pending_timeout_s, raise_to, rec.arrivals_replicas
     )
     value = _stage(stages, reasons, Stage.IN_FLIGHT, clamped)
     reasons.extend(extra_in_flight)

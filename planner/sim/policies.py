@@ -227,10 +227,11 @@ class OursPolicy:
         ttl_s: float = 10.0,
         predictors: Mapping[Role, PerfPredictor] | None = None,
         pass_traffic: bool = True,
-        traffic_window_s: float = 30.0,
+        traffic_window_s: float | None = None,
     ) -> None:
         self.name = "ours"
-        self.traffic = TrafficWindows(window_s=traffic_window_s)
+        window_s = config.traffic_window_s if traffic_window_s is None else traffic_window_s
+        self.traffic = TrafficWindows(window_s=window_s)
         self.tick_s = tick_s
         self.config = config
         self.store = FleetStore(ttl_s=ttl_s)

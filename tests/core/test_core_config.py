@@ -34,7 +34,7 @@ def test_defaults_are_the_shipped_configuration() -> None:
     assert rc.scale_down.stabilization_window_s == 120 and rc.scale_down_window_startups == 2.0
     assert [(p.kind, p.value, p.period_s) for p in rc.scale_down.policies] == [(PolicyKind.PERCENT, 100.0, 15.0)]
     assert rc.forecast.method == ForecastMethod.HOLT and rc.forecast.horizon_s == 60.0
-    assert rc.itl_headroom_frac == 0.7 and rc.headroom_frac == 0.0 and rc.sla_feedback.enabled
+    assert rc.itl_headroom_frac is None and rc.headroom_frac == 0.0 and rc.sla_feedback.enabled
     assert rc.startup_s == 60.0
     assert set(CoreConfig().roles) == set(Role)
 
