@@ -57,7 +57,7 @@ class Decider:
         self.traffic: dict[Role, Traffic] = {}  # set by whoever knows it (the demo's router); none by default
         # Traffic from FPM (issue 13): the runner sets ``store.traffic`` to these windows; each observation takes
         # its roles' traffic from them (what ``self.traffic`` gives explicitly overrides a role).
-        self.fpm_traffic = TrafficWindows(window_s=30.0)
+        self.fpm_traffic = TrafficWindows(window_s=core_config.traffic_window_s)
         self.last_fpm_traffic: dict[str, Traffic] = {}  # by service, as the last observation read it
 
     def observe(
