@@ -8,7 +8,8 @@ counts through the actuator and records every outcome. Discovery is also refresh
 
 The runner composes parts that never import it (arrows run from here down)::
 
-    runner ──> registry          registrations, leases, static file, discovery sources, conflict checks
+    runner ──> ingest_wiring     the store and the source feeding it (ZMQ / NATS), what a tick reads of them
+           ──> registry          registrations, leases, static file, discovery sources, conflict checks
            ──> perf_feed         the per-role perf models fed from the store
            ──> deciding          observation, the core's step, decision records, bounds
            ──> actuation         send-or-not gate, outcome records, status read, actuator errors
@@ -52,6 +53,7 @@ from planner.service.deadline import OffLoop, TickGuard
 from planner.service.deciding import Decider, agree_bounds
 from planner.service.diagnostics_view import DiagnosticsView, TickFigures
 from planner.service.history import DecisionEntry, History, OutcomeEntry
+from planner.service.ingest_wiring import TickIngest, build_ingest
 from planner.service.metrics import PlannerMetrics
 from planner.service.operations import PAUSED, Operations, OperationsConfig, StatusSink, build_store
 from planner.service.perf_feed import PerfFeed
@@ -59,7 +61,7 @@ from planner.service.registry import EndpointConflictError, Registration, Worker
 from planner.service.schemas import BoundsResponse, ExplainResponse, WhatIfResponse, WorkersResponse
 from planner.service.state_store import RuntimeState, StateStore
 from planner.service.views import explain, what_if_decisions, what_if_inputs
-from planner.transport.settings import IngestSource, make_ingest_source
+from planner.transport.settings import IngestSource
 
 __all__ = [
     "ActuatorErrorEntry",
@@ -108,30 +110,22 @@ class PlannerRunner:
         self.elector = elector
         self.metrics = PlannerMetrics()
         self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
-        self.store = FleetStore(
-            ttl_s=config.ingest.ttl_s, window_size=config.ingest.window_size, limits=config.ingest.limits
-        )
-        # ZMQ (default): the subscriber owns its ZMQ context, with the socket limit raised for large fleets.
-        # NATS (ingest.transport: nats): the same store fed from NATS subjects (planner.transport).
-        self.subscriber: IngestSource = make_ingest_source(
-            self.store,
-            config.ingest.transport,
-            config.ingest.nats,
-            max_msg_bytes=config.ingest.max_msg_bytes,
-            curve=config.ingest.curve_keys(),
-        )
+        # the store and the source that feeds it (ZMQ by default, NATS with ingest.transport: nats)
+        self.ingest: TickIngest = build_ingest(config.ingest)
+        self.store: FleetStore = self.ingest.store
+        self.subscriber: IngestSource = self.ingest.source
         self.registry = WorkerRegistry(
             config.discovery,
             sources=self.sources,
             clock=self.now,
             to_wall=self.to_wall,
-            on_change=self.subscriber.set_workers,
+            on_change=self.ingest.set_workers,
         )
         core_config = load_core_config(config.core_config_data())
         if actuator is not None:  # the core's effective bounds never exceed the actuator's (else: refused here)
             core_config = agree_bounds(core_config, replica_bounds(actuator))
         self.decider = Decider(core_config)
-        self.store.traffic = self.decider.fpm_traffic  # the FPM traffic extension feeds the decider's windows
+        self.ingest.attach_traffic(self.decider.fpm_traffic)  # the FPM traffic extension feeds the decider
         self.perf = PerfFeed(config.perf_model)
         self.actuation = Actuation(
             history=self.history,
@@ -289,7 +283,7 @@ class PlannerRunner:
         return self.registry.worker_source(worker_id)
 
     def snapshot(self) -> FleetSnapshot:
-        return self.subscriber.snapshot(self.now())
+        return self.ingest.snapshot(self.now())
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -303,7 +297,7 @@ class PlannerRunner:
         if state is not None:
             self.apply_state(state)
         self.refresh_discovery(self.now())
-        self.subscriber.start()
+        self.ingest.start()
         self._tasks = [
             asyncio.create_task(self._discovery_loop(), name="planner-discovery"),
             asyncio.create_task(self._tick_loop(), name="planner-tick"),
@@ -318,7 +312,7 @@ class PlannerRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        await asyncio.to_thread(self.subscriber.close)
+        await asyncio.to_thread(self.ingest.close)
         self._running = False
 
     @property
@@ -380,10 +374,9 @@ class PlannerRunner:
                 self.apply_state(stored)
             self.refresh_discovery(now)
             status = await self.read_status()
-            snapshot = self.subscriber.snapshot(self.now())
-            self.perf.feed(self.store, self.subscriber.lock, self.registry.workers, snapshot.now)
-            self.metrics.observe_drops({str(k): v for k, v in snapshot.drops.items()})
-            self.metrics.observe_links(self.subscriber.link_totals())
+            snapshot = self.ingest.read(
+                self.now(), workers=self.registry.workers, perf=self.perf, metrics=self.metrics, leader=self.is_leader
+            )
             observation = self.decider.observe(
                 self.registry.workers, snapshot, status, self.registry.not_ready(self.now())
             )
@@ -457,7 +450,7 @@ class PlannerRunner:
         The core runs off the event loop: raises DeadlineMissed after ``what_if_deadline_s``, Busy when
         ``what_if_concurrency`` what-ifs are still computing."""
         now = self.now()
-        observation = self.observe(self.subscriber.snapshot(now), self.actuation.status)
+        observation = self.observe(self.ingest.snapshot(now), self.actuation.status)
         observation, config = what_if_inputs(
             observation, self.decider.core_config, self.decider.last_decisions, request
         )
@@ -485,7 +478,9 @@ class PlannerRunner:
 
     def diagnostics(self) -> dict[str, Any]:
         """Everything an operator needs to see why the planner does what it does (see docs/service.md)."""
-        return self.view.document()
+        document = self.view.document()
+        document["ingest"].update(self.ingest.diagnostics())
+        return document
 
     def _tick_figures(self) -> TickFigures:
         return TickFigures(
