@@ -54,6 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     paced.add_argument("--dp", type=int, default=8, help="paced mode: ranks per worker; N is a multiple (8)")
     paced.add_argument("--publisher-procs", type=int, default=2, help="paced mode: publisher processes (2)")
     paced.add_argument("--tick-interval-s", type=float, default=0.5, help="paced mode: decision tick interval")
+    paced.add_argument(
+        "--min-poll-interval-s", type=float, default=0.02, help="paced mode: the subscriber's minimum round interval"
+    )
+    paced.add_argument(
+        "--readiness",
+        choices=("auto", "epoll", "poller"),
+        default="auto",
+        help="paced mode: the subscriber's readiness (epoll on ZMQ_FD, or zmq.Poller as before issue 14)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
 
 
@@ -239,6 +248,8 @@ def _run_paced(args: argparse.Namespace) -> int:
             window=args.window,
             tick_interval_s=args.tick_interval_s,
             receive_path=args.receive_path,
+            min_poll_interval_s=args.min_poll_interval_s,
+            readiness=args.readiness,
         )
     except ValueError as exc:
         print(f"fpm-planner bench ingest: {exc}", file=sys.stderr)

@@ -22,6 +22,12 @@ thread a decision tick every ``--tick-interval-s``: snapshot under the subscribe
 - ``process_cpu_share`` and ``process_cpu_us_per_sample``: the same for the whole subscriber process, every
   thread (the receive thread, the ticks on the main thread, libzmq's I/O threads): the figure "one core" means.
   ``zmq_io_cpu_share``: libzmq's background threads alone.
+- ``receive_rounds_per_s`` and ``samples_per_round``: how often the receive thread waited for readiness and
+  drained (``--min-poll-interval-s`` bounds it), and what one round gathered. ``--readiness poller`` runs the
+  subscriber on ``zmq.Poller`` as before issue 14, for a before/after on the same machine.
+- ``idle_receive_cpu_share`` and ``idle_round_cpu_ms``: the receive thread's CPU over 2 s after the run, every
+  endpoint connected and silent, and per round: the cost of waiting for readiness alone, which grows with the
+  endpoints under ``zmq.Poller`` and not under epoll.
 - ``rss_mb`` and ``rss_per_endpoint_kb``: the subscriber process's resident memory at the end, and its growth
   from before the endpoints were connected, per endpoint.
 - ``tick_ms_p50/p99``: wall time of one tick (snapshot + step) while ingest runs (nearest rank; with few ticks the
@@ -47,6 +53,7 @@ from planner.bench.percentile import p50_p99
 from planner.core import CoreConfig, CoreState, DeploymentStatus, Observation, RoleConfig, Traffic, step
 from planner.discovery import EngineCapacity, Role, WorkerRecord
 from planner.ingest.native import ReceivePath
+from planner.ingest.readiness import ReadinessKind
 from planner.ingest.store import DropReason, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from worker_shim import fpm
@@ -56,6 +63,7 @@ __all__ = ["measure_paced"]
 
 _SLICE = 64  # sockets sent to back to back; a period is split into ceil(n / _SLICE) evenly spaced slices
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+_IDLE_S = 2.0  # after the run: every endpoint connected, none publishing
 
 
 _MARK = 0xFEDCBA9876543210  # a counter_id msgpack can only write as 0xcf + 8 bytes, and found once in a payload
@@ -226,6 +234,8 @@ def measure_paced(
     window: int = 256,
     tick_interval_s: float = 0.5,
     receive_path: ReceivePath = "auto",
+    min_poll_interval_s: float = 0.02,
+    readiness: ReadinessKind = "auto",
 ) -> dict[str, Any]:
     """Run the paced publishers in child processes and the real subscriber + ticks here; returns the figures."""
     if endpoints < 1 or dp < 1 or endpoints % dp or hz <= 0 or seconds <= 0 or publisher_procs < 1:
@@ -261,7 +271,7 @@ def measure_paced(
     }
     rss_before = _rss_mb()
     store = FleetStore(ttl_s=10.0, window_size=window)
-    sub = FpmSubscriber(store, receive_path=receive_path)
+    sub = FpmSubscriber(store, receive_path=receive_path, min_poll_interval_s=min_poll_interval_s, readiness=readiness)
     sub.set_workers(workers)
     sub.start()
     deadline = time.monotonic() + 120
@@ -285,6 +295,7 @@ def measure_paced(
     if native_id is None:
         raise RuntimeError("the subscriber thread did not start")
     cpu0, proc0, io0 = _thread_cpu_s(native_id), _process_cpu_s(), _zmq_io_cpu_s()
+    rounds0 = sub.rounds
     config = CoreConfig(roles={Role.AGG: RoleConfig(min_replicas=1, max_replicas=2 * len(workers))})
     deployments = {"agg": DeploymentStatus(service="agg", desired=len(workers), ready=len(workers))}
     traffic = {Role.AGG: Traffic(request_rate_per_s=400.0, isl_tokens=3000, osl_tokens=300)}
@@ -313,6 +324,7 @@ def measure_paced(
     cpu_in_span = _thread_cpu_s(native_id) - cpu0
     proc_in_span = _process_cpu_s() - proc0
     io_in_span = _zmq_io_cpu_s() - io0
+    rounds_in_span = sub.rounds - rounds0
     reports = [pipe.recv() for pipe in pipes]
     # Drain what is still queued (until every sample is stored, or nothing arrived for 3 s), then account.
     sent = sum(r["sent"] for r in reports)
@@ -323,6 +335,12 @@ def measure_paced(
         if got != last:
             last, quiet_since = got, time.monotonic()
     stored = stored_now() - stored0
+    # Every endpoint connected and silent now (the publishers wait for "bye"): what waiting costs per round.
+    idle_cpu0, idle_rounds0, idle_start = _thread_cpu_s(native_id), sub.rounds, time.monotonic()
+    time.sleep(_IDLE_S)
+    idle_cpu = _thread_cpu_s(native_id) - idle_cpu0
+    idle_rounds = sub.rounds - idle_rounds0
+    idle_span = time.monotonic() - idle_start
     rss = _rss_mb()
     with sub.lock:
         views = [store.rank_view(wid, rank, 0.0) for wid, rank in keys]
@@ -359,6 +377,12 @@ def measure_paced(
         "process_cpu_share": round(proc_in_span / held_span, 3),
         "process_cpu_us_per_sample": round(proc_in_span * 1e6 / stored_in_span, 2) if stored_in_span else None,
         "zmq_io_cpu_share": round(io_in_span / held_span, 3),
+        "readiness": readiness,
+        "min_poll_interval_s": min_poll_interval_s,
+        "receive_rounds_per_s": round(rounds_in_span / held_span, 1),
+        "samples_per_round": round(stored_in_span / rounds_in_span, 1) if rounds_in_span else None,
+        "idle_receive_cpu_share": round(idle_cpu / idle_span, 3),
+        "idle_round_cpu_ms": round(idle_cpu * 1000 / idle_rounds, 3) if idle_rounds else None,
         "rss_mb": round(rss, 1),
         "rss_per_endpoint_kb": round((rss - rss_before) * 1024 / endpoints, 1),
         "ticks": len(tick_ms),

@@ -15,13 +15,17 @@ cap) is not signalled again for them: the caller carries it to the next round it
 from __future__ import annotations
 
 import select
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import zmq
 
-__all__ = ["EpollReadiness", "PollerReadiness", "Readiness", "make_readiness"]
+__all__ = ["EpollReadiness", "PollerReadiness", "Readiness", "ReadinessKind", "make_readiness"]
 
 T = TypeVar("T")
+
+#: ``"epoll"``, ``"poller"`` (``zmq.Poller``, what the subscriber used before issue 14) or ``"auto"`` (epoll where
+#: the OS has it).
+ReadinessKind = Literal["auto", "epoll", "poller"]
 
 
 class EpollReadiness(Generic[T]):
@@ -81,6 +85,8 @@ class PollerReadiness(Generic[T]):
 Readiness = EpollReadiness[T] | PollerReadiness[T]
 
 
-def make_readiness() -> Readiness[T]:
-    """Epoll where the OS has it, ``zmq.Poller`` otherwise."""
-    return EpollReadiness() if hasattr(select, "epoll") else PollerReadiness()
+def make_readiness(kind: ReadinessKind = "auto") -> Readiness[T]:
+    """Epoll where the OS has it (``"auto"``), ``zmq.Poller`` otherwise or when asked."""
+    if kind == "poller" or (kind == "auto" and not hasattr(select, "epoll")):
+        return PollerReadiness()
+    return EpollReadiness()

@@ -35,7 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 from planner.discovery import WorkerRecord
 from planner.ingest.links import TOTALED, Link, LinkStats, LinkTotals, ReconnectPolicy
 from planner.ingest.native import NATIVE_UNAVAILABLE, Drain, ReceivePath, drain_pyzmq, native_drain
-from planner.ingest.readiness import Readiness, make_readiness
+from planner.ingest.readiness import Readiness, ReadinessKind, make_readiness
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from worker_shim import fpm
 from worker_shim.curve import CurveClientKeys
@@ -64,6 +64,7 @@ class FpmSubscriber:
         seed: int | None = None,
         curve: CurveClientKeys | None = None,
         min_poll_interval_s: float = 0.02,
+        readiness: ReadinessKind = "auto",
     ) -> None:
         if not 0.0 <= min_poll_interval_s <= 1.0:
             raise ValueError("min_poll_interval_s must be within [0, 1]")
@@ -87,6 +88,7 @@ class FpmSubscriber:
         self.lock = threading.Lock()
         self.loop_errors = 0
         self.received = 0
+        self.rounds = 0  # poll_once calls: received / rounds is the batch one round gathers
         # Each endpoint costs three ZMQ sockets (SUB, its monitor, the monitor's peer): a context of our own with the
         # socket limit raised, or the default of 1023 would cap the fleet at 341 endpoints.
         self._own_ctx = context is None
@@ -96,7 +98,7 @@ class FpmSubscriber:
         self._ctx.setsockopt(zmq.LINGER, 0)
         self._links: dict[str, Link] = {}  # every endpoint followed, with or without an open socket
         # Open SUB sockets and monitors, by readiness (True: a monitor); sockets a capped batch left non-empty.
-        self._ready: Readiness[tuple[zmq.Socket[bytes], Link, bool]] = make_readiness()
+        self._ready: Readiness[tuple[zmq.Socket[bytes], Link, bool]] = make_readiness(readiness)
         self._carry: list[tuple[zmq.Socket[bytes], Link, bool]] = []
         self._due: set[Link] = set()  # links with a timer (link.due)
         self._departed = dict.fromkeys(TOTALED, 0)  # counts of endpoints no longer followed
@@ -223,6 +225,7 @@ class FpmSubscriber:
                 log.exception("cannot follow the discovered FPM endpoints")
         if self._due:
             timeout_ms = self._run_timers(timeout_ms)
+        self.rounds += 1
         carried, self._carry = self._carry, []
         try:
             ready = self._ready.wait(0.0 if carried else timeout_ms / 1000)

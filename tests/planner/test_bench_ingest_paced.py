@@ -27,6 +27,8 @@ def test_every_paced_sample_is_stored_and_the_figures_are_all_there() -> None:
     # the whole subscriber process (every thread, libzmq's I/O threads among them) includes the receive thread
     assert figures["process_cpu_share"] >= figures["ingest_thread_cpu_share"]
     assert figures["process_cpu_share"] >= figures["zmq_io_cpu_share"] >= 0
+    assert figures["receive_rounds_per_s"] > 0 and figures["samples_per_round"] > 0
+    assert figures["idle_receive_cpu_share"] >= 0 and figures["idle_round_cpu_ms"] >= 0
 
 
 def test_a_patched_payload_is_the_same_fpm_v1_sample_with_that_counter() -> None:

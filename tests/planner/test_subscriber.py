@@ -13,6 +13,7 @@ import zmq
 from planner.discovery import LeaseRegistry, Role, WorkerRecord
 from planner.ingest import native
 from planner.ingest.native import ReceivePath
+from planner.ingest.readiness import ReadinessKind
 from planner.ingest.store import DropReason, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from worker_shim import fpm
@@ -339,12 +340,13 @@ def test_a_socket_holding_several_batches_is_emptied_without_further_traffic(
         raw.close()
 
 
+@pytest.mark.parametrize("readiness", ["epoll", "poller"])
 def test_the_receive_thread_batches_rounds_and_keeps_every_sample_attributed(
-    ctx: zmq.Context[zmq.Socket[bytes]],
+    ctx: zmq.Context[zmq.Socket[bytes]], readiness: ReadinessKind
 ) -> None:
     store = FleetStore(ttl_s=30.0)
     # A long minimum interval: messages pile up on many sockets between rounds and are all drained in the next.
-    sub = FpmSubscriber(store, context=ctx, min_poll_interval_s=0.3)
+    sub = FpmSubscriber(store, context=ctx, min_poll_interval_s=0.3, readiness=readiness)
     ids = [f"w{i}" for i in range(6)]
     pubs = {
         wid: FpmPublisher(worker_id=wid, endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.05, context=ctx).start()
