@@ -16,8 +16,9 @@ where it is dropped as ``foreign_endpoint`` / named ``identity_not_synced``.
 With ``--batch-ms``, the payloads read from all of the worker's ranks within that window (at most
 ``--batch-max`` of them, and never more bytes than the server's payload cap) go out as ONE message on
 ``fpm.<ns>.<service>.<worker_id>.b`` (:mod:`planner.transport.batch`: each payload byte for byte, with the rank
-it was read from). It costs up to ``batch_ms`` of latency and saves the per-message cost of NATS (the client's,
-the server's and the planner's) on all but one payload of each batch. Without it, today's form.
+it was read from); a payload under the cap that a frame could not hold goes out alone, in today's form. It
+costs up to ``batch_ms`` of latency and saves the per-message cost of NATS (the client's, the server's and the
+planner's) on all but one payload of each batch. Without it, today's form.
 
 Never blocks the engine (it only reads the shim's PUB socket) and never queues without bound: while the NATS
 connection is down, messages are dropped and counted (``dropped_disconnected``); the planner sees the gap in
@@ -145,16 +146,19 @@ class FpmRelay:
             if len(payload) > self.max_payload_bytes:
                 self._dropped_oversized += 1
                 continue
-            if not nc.is_connected:
-                self._dropped_disconnected += 1
-                continue
-            try:
-                await nc.publish(subj, payload)
-            except Exception as exc:  # a reconnect between the check and the publish: the sample is lost
-                self._dropped_disconnected += 1
-                log.debug("publish on %s failed: %s", subj, exc)
-                continue
-            self._forwarded += 1
+            await self._publish_one(nc, subj, payload)
+
+    async def _publish_one(self, nc: Client, subj: str, payload: bytes) -> None:
+        if not nc.is_connected:
+            self._dropped_disconnected += 1
+            return
+        try:
+            await nc.publish(subj, payload)
+        except Exception as exc:  # a reconnect between the check and the publish: the sample is lost
+            self._dropped_disconnected += 1
+            log.debug("publish on %s failed: %s", subj, exc)
+            return
+        self._forwarded += 1
 
     async def _forward_batched(self, sock: zmq.asyncio.Socket, rank: int, nc: Client) -> None:
         while True:
@@ -163,9 +167,13 @@ class FpmRelay:
                 self._dropped_bad_frame += 1
                 continue
             payload = parts[2]
-            size = len(payload) + frame_overhead_bytes(len(payload))
-            if len(payload) > self.max_payload_bytes or FRAME_HEADER_BYTES + size > self.max_payload_bytes:
+            if len(payload) > self.max_payload_bytes:
                 self._dropped_oversized += 1
+                continue
+            size = len(payload) + frame_overhead_bytes(len(payload))
+            if FRAME_HEADER_BYTES + size > self.max_payload_bytes:  # fits alone, not in a frame: today's form
+                await self._publish_batch(nc)  # what came before it goes first
+                await self._publish_one(nc, self.subjects[rank], payload)
                 continue
             if self._frame_bytes + size > self.max_payload_bytes:  # would not fit under the server's cap
                 await self._publish_batch(nc)

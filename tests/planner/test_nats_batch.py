@@ -67,7 +67,11 @@ class Worker:
     """One worker's shim publishers (a real ZMQ PUB per rank) and its relay, batched or not."""
 
     def __init__(self, server: NatsServer, worker_id: str, dp_size: int, **relay_kw: float) -> None:
-        self.ports = [free_port() for _ in range(dp_size)]
+        self.ports: list[int] = []
+        while len(self.ports) < dp_size:  # the OS may hand out a just-released port twice
+            port = free_port()
+            if port not in self.ports:
+                self.ports.append(port)
         self.record = record(worker_id, self.ports)
         self.publishers = [
             FpmPublisher(
@@ -148,10 +152,34 @@ def test_a_batched_relay_delivers_every_sample_of_every_rank_and_a_gap_across_ba
     assert 0 < stats.batches < stats.forwarded  # several payloads per NATS message
 
 
+def test_a_payload_that_fits_the_cap_alone_but_not_in_a_frame_goes_out_unbatched_and_in_order(
+    server: NatsServer,
+) -> None:
+    worker = Worker(server, "w.1", dp_size=1, batch_ms=30.0, batch_max=3, max_payload_bytes=1024)
+    # ~1,011 bytes: under the 1 KiB cap, over it once framed (array, version and length headers)
+    mid = StepTraffic(arrivals=LogHistogram(count=240, sum=240.0, buckets={i: 1 for i in range(240)}))
+    src = source(server, {"w.1": worker.record})
+    with src:
+        assert src.wait_subscribed(15) and worker.relay.wait_connected(15)
+        wait_until(lambda: src.snapshot(time.monotonic()).ranks[("w.1", 0)].heartbeats > 0, what="heard")
+        worker.step()
+        worker.step()
+        worker.step(mid)
+        worker.step()
+        worker.step()
+        wait_until(lambda: src.snapshot(time.monotonic()).ranks[("w.1", 0)].samples == 5)
+        view = src.snapshot(time.monotonic()).ranks[("w.1", 0)]
+        assert view.gaps == 0 and view.lost_samples == 0 and sum(src.store.drops.values()) == 0
+        worker.close()
+        stats = worker.relay.stats()
+        wait_until(lambda: src.received == stats.forwarded, what="every payload the relay sent")
+    assert stats.dropped_oversized == 0 and 0 < stats.batches and src.batches_received == stats.batches
+
+
 def test_a_malformed_batch_counts_one_decode_error_per_unreadable_payload_and_keeps_the_rest(
     server: NatsServer,
 ) -> None:
-    w1 = record("w.1", [free_port(), free_port()])
+    w1 = record("w.1", [1, 2])  # endpoints nobody connects to: the samples come over NATS
     src = source(server, {"w.1": w1})
     subj = batch_subject(NS, "agg", "w.1")
     frames = [
@@ -211,7 +239,7 @@ def test_one_source_reads_an_unbatched_relay_and_a_batched_one(server: NatsServe
 
 
 def test_a_worker_cannot_publish_a_batch_under_another_workers_subject(server: NatsServer) -> None:
-    src = source(server, {"w.1": record("w.1", [free_port()]), "w*2": record("w*2", [free_port()])})
+    src = source(server, {"w.1": record("w.1", [1]), "w*2": record("w*2", [2])})
     errors: list[str] = []
 
     async def forge() -> None:

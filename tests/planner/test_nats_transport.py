@@ -70,7 +70,11 @@ class Worker:
     """One worker's shim publishers (one per rank) and its relay, with the worker's own NATS credentials."""
 
     def __init__(self, server: NatsServer, worker_id: str, dp_size: int, publish_as: str | None = None) -> None:
-        self.ports = [free_port() for _ in range(dp_size)]
+        self.ports: list[int] = []
+        while len(self.ports) < dp_size:  # the OS may hand out a just-released port twice
+            port = free_port()
+            if port not in self.ports:
+                self.ports.append(port)
         self.record = record(worker_id, self.ports)
         self.publishers = [
             FpmPublisher(
@@ -149,8 +153,8 @@ def test_a_payload_under_another_id_than_its_subject_is_not_attributed(server: N
 
 def test_a_worker_cannot_publish_under_another_workers_subject(server: NatsServer) -> None:
     store = FleetStore(ttl_s=30.0)
-    victim = record("w*2", [free_port()])
-    own = record("w.1", [free_port()])
+    victim = record("w*2", [1])  # endpoints nobody connects to: the samples come over NATS
+    own = record("w.1", [2])
     src = source(store, server)
     src.set_workers({"w.1": own, "w*2": victim})
     errors: list[str] = []
