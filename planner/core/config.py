@@ -333,7 +333,7 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     itl_headroom_frac: float | None = None
     # The sliding window the traffic (rate, ISL/OSL distribution, observed attainment) is read over, from the FPM
     # traffic extension (planner.ingest.traffic). Short: a shift shows within it; long: fewer, steadier samples.
-    traffic_window_s: float = 30.0
+    traffic_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         _need(

@@ -141,6 +141,7 @@ def recommend_sla(
     startup_s: float = 0.0,
     attainment_goal: float = 0.99,
     min_samples: int = 20,
+    tail_may_raise: bool = True,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -156,7 +157,9 @@ def recommend_sla(
 
     Backlog-aware cap: a queued request stays on the engine that holds it (vLLM does not move it; the router
     places only new arrivals), so replicas added for a backlog help only the arrivals. When the capacity up or
-    coming drains today's queue within one start-up, a scale-up goes no further than what the arrivals need
+    coming drains today's queue within one start-up (arrivals counted at the longer of the traffic's mean prompt
+    and the mean prompt in the engines now, which shows a shift to longer prompts before the traffic window
+    does), a scale-up goes no further than what the arrivals need
     (``backlog_drains_before_startup``, a hold when the current count is enough); when the backlog outlasts a
     start-up, no further than the current count plus what the arrivals need on the new replicas alone, while
     the current engines drain it (``backlog_outlasts_startup``).
@@ -164,8 +167,9 @@ def recommend_sla(
     Per-request tail (:mod:`planner.core.tail`): with the traffic's ISL/OSL percentiles, TTFT is checked for a
     p99 (else p90) prompt behind the queue, and on aggregated engines with a step model the share of requests
     whose own ITL misses the limit must stay within ``1 - attainment_goal``, that share scaled (within
-    0.01 .. 10) by the observed ITL misses over the predicted ones at the current count: only when the traffic
-    carries an ITL attainment resting on at least ``min_samples`` requests."""
+    0.01 .. 10) from the observed ITL misses and the predicted ones at the current count: only when the traffic
+    carries an ITL attainment resting on at least ``min_samples`` requests. With ``tail_may_raise`` false (capacity
+    still coming: the observed misses predate it) the tail only keeps replicas, never adds them."""
     dp = max(rec.dp_per_replica, 1)
     reported = rec.max_num_batched_tokens if math.isfinite(rec.max_num_batched_tokens) else 0.0
     mnbt = int(reported) if reported >= 1 else max(int(default_max_num_batched_tokens), 1)
@@ -250,7 +254,7 @@ def recommend_sla(
         )
         ttft = max(agg.ttft_ms, agg.ttft_tail_ms) if ttft_isl > isl else agg.ttft_ms
         ok = ttft <= ttft_limit and agg.itl_ms <= itl_limit
-        if ok and miss_scale is not None:
+        if ok and miss_scale is not None and (n < current or tail_may_raise):
             ok = miss_scale * tail_miss(agg, engines) <= miss_budget
         return ok, ttft, agg.itl_ms
 
@@ -287,8 +291,12 @@ def recommend_sla(
             kv_capacity_tokens=rec.kv_capacity_tokens,
             tail_isl_tokens=tail_isl,
         )
-        # at the goal the current count stays what the tail asks for; all met: a quarter of the budget counts
-        ratio = max(1.0 - observed, miss_budget / 4.0) / max(tail_miss(now_agg, current * dp), 1e-9)
+        # The allowed share at count N is the current one's times sqrt(budget / observed misses): at the goal the
+        # current count stays; a shortfall asks for fewer misses by the square root of its ratio (damped: the
+        # share falls slowly with the count, a full correction doubled the fleet for 2 % missed); all met (a
+        # quarter of the budget counted) releases where the predicted share is at most twice today's.
+        missed = max(1.0 - observed, miss_budget / 4.0)
+        ratio = math.sqrt(miss_budget * missed) / max(tail_miss(now_agg, current * dp), 1e-9)
         miss_scale = min(max(ratio, _MIN_TAIL_SCALE), _MAX_TAIL_SCALE)
 
     def evaluate(n: int, arrivals_only: bool = False) -> tuple[bool, float | None, float | None]:
@@ -334,6 +342,8 @@ def recommend_sla(
 
     search_hi = max(min(search_max, MAX_SEARCH_REPLICAS), 1)
     n = first_meeting(lambda k: evaluate(k)[0], 1, search_hi)
+    in_engines = load.queued_prefill_tokens + load.scheduled_prefill_tokens
+    engine_isl = in_engines / rec.prefill_requests if rec.prefill_requests > 0 else 0.0
     arrivals: int | None = None
     if rate and (n is None or n > current):
         arrivals = first_meeting(lambda k: evaluate(k, True)[0], 1, search_hi)
@@ -341,7 +351,8 @@ def recommend_sla(
         n,
         current,
         queued_tokens=load.queued_prefill_tokens,
-        arrival_tokens_per_s=(rate or 0.0) * isl,
+        # the prompts in the engines now (FPM) show a longer-prompt shift before the traffic window does
+        arrival_tokens_per_s=(rate or 0.0) * max(isl, engine_isl),
         capacity_tokens_per_s=tokens_per_s * current * dp if current > 0 else 0.0,
         startup_s=startup_s,
         arrivals_need=arrivals,

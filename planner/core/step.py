@@ -114,6 +114,7 @@ def _recommend(
     predictor: PerfPredictor | None,
     corrections: tuple[float, float] = (0.0, 0.0),
     startup_s: float = 0.0,
+    tail_may_raise: bool = True,
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -135,6 +136,7 @@ def _recommend(
             startup_s=startup_s,
             attainment_goal=rc.sla_feedback.attainment_goal,
             min_samples=rc.sla_feedback.min_samples,
+            tail_may_raise=tail_may_raise,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -171,6 +173,10 @@ def _draft(
     # start-up delay: measured from the deployment's desired -> ready transitions, else configured
     startup_s = effective_startup_s(rc, sstate)
 
+    # the tail's observed misses add replicas only when capacity is not still coming (they predate it)
+    settled = not (deployment is not None and deployment.in_flight) and not (
+        sstate.feedback.hold_until is not None and now < sstate.feedback.hold_until
+    )
     # recommend (never on a load it cannot trust: NaN, infinite, negative or a broken counter's 2^64 - 1)
     invalid = load.invalid_fields()
     if invalid:
@@ -184,7 +190,9 @@ def _draft(
         )
         extra: tuple[Reason, ...] = ()
     else:
-        rec, extra = _recommend(role, rc, current, recon, load, traffic, predictor, startup_s=startup_s)
+        rec, extra = _recommend(
+            role, rc, current, recon, load, traffic, predictor, startup_s=startup_s, tail_may_raise=settled
+        )
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
     reasons.extend(extra)
@@ -205,7 +213,9 @@ def _draft(
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.state.ttft_frac, feedback.state.itl_frac)
         if corrections != (0.0, 0.0):
-            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s)[0].replicas
+            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled)[
+                0
+            ].replicas
         value = _stage(
             stages,
             reasons,
