@@ -333,6 +333,7 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     itl_headroom_frac: float | None = None
     # The sliding window the traffic (rate, ISL/OSL distribution, observed attainment) is read over, from the FPM
     # traffic extension (planner.ingest.traffic). Short: a shift shows within it; long: fewer, steadier samples.
+    # 10 s was chosen against 30 s on Mooncake, Azure and three scenarios together (docs/benchmarks.md).
     traffic_window_s: float = 10.0
 
     def __post_init__(self) -> None:
