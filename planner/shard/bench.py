@@ -18,17 +18,21 @@ decision core's :func:`planner.core.step` over every worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import multiprocessing as mp
 import os
 import random
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +77,90 @@ def _nats_server_binary() -> str:
     return str(beside) if beside.exists() else "nats-server"
 
 
-def _proc_cpu_s(pid: int) -> float:
+@contextlib.contextmanager
+def nats_server(
+    shard_ids: list[str], extra_config: dict[str, Any] | None = None, monitor: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], str, int | None]]:
+    """A nats-server on free loopback ports for the bench: one publisher user (``bench-pub``/``pub``) allowed on
+    every FPM subject of the bench namespace, a consumer user ``shard-<id>``/``s`` per shard; ``extra_config``
+    merged into the configuration; with ``monitor`` an HTTP monitoring port too. Yields (process, URL, monitor
+    port or None); stopped on exit."""
+    port = free_port()
+    http_port = free_port() if monitor else None
+    config = json.loads(
+        render_server_config(
+            port=port,
+            namespace=NS,
+            workers={"bench-pub": "pub"},  # one publisher user on every FPM subject (a bench shortcut)
+            consumers={f"shard-{sid}": "s" for sid in shard_ids},
+        ).replace(f'"fpm.{NS}.*.bench-pub.*"', f'"fpm.{NS}.>"')
+    )
+    config.update(extra_config or {})
+    if http_port is not None:
+        config["http_port"] = http_port
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "nats.conf"
+        conf.write_text(json.dumps(config, indent=2))
+        server = subprocess.Popen(
+            [_nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                        break
+                except OSError:
+                    if server.poll() is not None:
+                        err = server.stderr.read().decode(errors="replace") if server.stderr else ""
+                        raise RuntimeError(f"nats-server exited: {err.strip()}") from None
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("nats-server did not start") from None
+                    time.sleep(0.05)
+            yield server, f"nats://127.0.0.1:{port}", http_port
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_publishers(
+    url: str,
+    records: dict[str, WorkerRecord],
+    publisher_procs: int,
+    batch_steps: int,
+    *,
+    seconds: float = 0.0,
+    rate_per_s: float = 0.0,
+    flush_every: int = 512,
+    rounds: int = 0,
+) -> tuple[list[Connection], list[BaseProcess]]:
+    """Publisher processes, whole workers each (as relays are); each sends "ready" once connected and starts on
+    "go". Returns their pipes and processes."""
+    spawn = mp.get_context("spawn")
+    keys = [(r.service, wid, rank) for wid, r in records.items() for rank in range(r.dp_size)]
+    workers = len(records)
+    dp = max((r.dp_size for r in records.values()), default=1)
+    share = -(-workers // publisher_procs) * dp
+    procs_used = -(-len(keys) // share)
+    pipes: list[Connection] = []
+    procs: list[BaseProcess] = []
+    for i in range(0, len(keys), share):
+        parent, child = spawn.Pipe()
+        args = (url, keys[i : i + share], seconds, batch_steps, rate_per_s / procs_used, flush_every, child, rounds)
+        proc = spawn.Process(target=_publisher, args=args, daemon=True)
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    return pipes, procs
+
+
+def proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -154,7 +241,10 @@ def _publisher(
     rate_per_s: float,
     flush_every: int,
     conn: Connection,
+    rounds: int = 0,
 ) -> None:
+    """Publish ``keys``' messages as fast as allowed for ``seconds`` or, when ``rounds`` > 0, exactly ``rounds``
+    rounds (each message once per round) and stop."""
     import asyncio
 
     import nats
@@ -172,8 +262,8 @@ def _publisher(
         step = 0
         per_round = len(keys) * (batch_steps or 1)
         publish = nc.publish
-        while (now := time.monotonic()) - start < seconds:
-            if rate_per_s > 0 and sent > (now - start) * rate_per_s:  # paced: ahead of the offered rate
+        while (step < rounds) if rounds else ((now := time.monotonic()) - start < seconds):
+            if rounds == 0 and rate_per_s > 0 and sent > (now - start) * rate_per_s:  # paced: ahead of the offered rate
                 await asyncio.sleep(0.001)
                 continue
             for subj, buf, offsets in messages.items:
@@ -250,71 +340,33 @@ def bench_nats(
 ) -> dict[str, Any]:
     records = _fleet(workers, dp)
     shard_ids = [f"s{i}" for i in range(shards)]
-    with tempfile.TemporaryDirectory() as tmp:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        config = render_server_config(
-            port=port,
-            namespace=NS,
-            workers={"bench-pub": "pub"},  # one publisher user on every FPM subject (a bench shortcut)
-            consumers={f"shard-{sid}": "s" for sid in shard_ids},
-        ).replace(f'"fpm.{NS}.*.bench-pub.*"', f'"fpm.{NS}.>"')
-        conf = Path(tmp) / "nats.conf"
-        conf.write_text(config)
-        server = subprocess.Popen(
-            [_nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    spawn = mp.get_context("spawn")
+    with nats_server(shard_ids) as (server, url, _):
+        shard_pipes: list[Connection] = []
+        procs: list[BaseProcess] = []
+        for sid in shard_ids:
+            parent, child = spawn.Pipe()
+            proc = spawn.Process(target=_shard, args=(url, sid, shard_ids, workers, dp, seconds, child), daemon=True)
+            proc.start()
+            shard_pipes.append(parent)
+            procs.append(proc)
+        pub_pipes, pub_procs = start_publishers(
+            url, records, publisher_procs, batch_steps, seconds=seconds, rate_per_s=rate_per_s, flush_every=flush_every
         )
-        try:
-            url = f"nats://127.0.0.1:{port}"
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("nats-server did not start") from None
-                    time.sleep(0.05)
-            spawn = mp.get_context("spawn")
-            shard_pipes, procs = [], []
-            for sid in shard_ids:
-                parent, child = spawn.Pipe()
-                proc = spawn.Process(
-                    target=_shard, args=(url, sid, shard_ids, workers, dp, seconds, child), daemon=True
-                )
-                proc.start()
-                shard_pipes.append(parent)
-                procs.append(proc)
-            keys = [(r.service, wid, rank) for wid, r in records.items() for rank in range(r.dp_size)]
-            share = -(-workers // publisher_procs) * dp  # whole workers per publisher, as relays are
-            procs_used = -(-len(keys) // share)
-            pub_pipes = []
-            for i in range(0, len(keys), share):
-                parent, child = spawn.Pipe()
-                args = (url, keys[i : i + share], seconds, batch_steps, rate_per_s / procs_used, flush_every, child)
-                proc = spawn.Process(target=_publisher, args=args, daemon=True)
-                proc.start()
-                pub_pipes.append(parent)
-                procs.append(proc)
-            for pipe in shard_pipes + pub_pipes:
-                if pipe.recv() != "ready":
-                    raise RuntimeError("a shard or publisher failed to start")
-            server_cpu0 = _proc_cpu_s(server.pid)
-            for pipe in shard_pipes + pub_pipes:
-                pipe.send("go")
-            t0 = time.monotonic()
-            pubs = [pipe.recv() for pipe in pub_pipes]
-            shard_figures = [pipe.recv() for pipe in shard_pipes]
-            span = time.monotonic() - t0
-            server_cpu = _proc_cpu_s(server.pid) - server_cpu0
-            for proc in procs:
-                proc.join(10)
-        finally:
-            server.terminate()
-            server.wait(10)
+        procs += pub_procs
+        for pipe in shard_pipes + pub_pipes:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a shard or publisher failed to start")
+        server_cpu0 = proc_cpu_s(server.pid)
+        for pipe in shard_pipes + pub_pipes:
+            pipe.send("go")
+        t0 = time.monotonic()
+        pubs = [pipe.recv() for pipe in pub_pipes]
+        shard_figures = [pipe.recv() for pipe in shard_pipes]
+        span = time.monotonic() - t0
+        server_cpu = proc_cpu_s(server.pid) - server_cpu0
+        for each in procs:
+            each.join(10)
     sent = sum(p["sent"] for p in pubs)
     messages = sum(p["messages"] for p in pubs)
     stored = sum(s["stored"] for s in shard_figures)
@@ -479,6 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     n.add_argument("--rate", type=float, default=0.0, help="offered samples/s in total (0: as fast as possible)")
     n.add_argument("--flush-every", type=int, default=512, help="flush every N messages (0: only at the end)")
+    n.add_argument(
+        "--drain",
+        action="store_true",
+        help="capacity mode (planner.shard.bench_drain): hold the subscribed shards, publish --drain-steps steps "
+        "of every rank, wait until the server has queued them all, release the shards at once and time how long "
+        "each takes to store its partition (the shards with the cores to themselves; not a live rate)",
+    )
+    n.add_argument("--drain-steps", type=int, default=256, help="with --drain: steps published per rank")
     t = sub.add_parser("tick", help="leader tick with synthetic shard summaries")
     t.add_argument("--workers", type=int, default=4096)
     t.add_argument("--dp", type=int, default=8)
@@ -494,6 +554,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.batch_steps < 0 or args.rate < 0 or args.flush_every < 0:
             print("need --batch-steps, --rate and --flush-every >= 0", file=sys.stderr)
             return 2
+        if args.drain:
+            from planner.shard.bench_drain import bench_drain
+
+            if args.rate or args.drain_steps < 1 or (args.batch_steps and args.drain_steps % args.batch_steps):
+                print("--drain needs no --rate, --drain-steps >= 1, a multiple of --batch-steps", file=sys.stderr)
+                return 2
+            drained = bench_drain(
+                args.workers,
+                args.dp,
+                args.shards,
+                args.drain_steps,
+                args.publisher_procs,
+                batch_steps=args.batch_steps,
+                flush_every=args.flush_every,
+            )
+            print(json.dumps(drained))
+            return 0
         figures = bench_nats(
             args.workers,
             args.dp,

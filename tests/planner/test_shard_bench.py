@@ -1,11 +1,18 @@
 """``python -m planner.shard.bench nats``: the publisher's pre-encoded messages are valid FPM with each rank's
 counter one step after the last, in both forms, and a tiny run over a real nats-server and two shard processes
-accounts for every sample it sent (figures are printed by the bench, never asserted here)."""
+accounts for every sample it sent; the capacity mode (``--drain``) holds the shards while the server queues a
+fixed total for them, then every shard stores exactly its partition's samples (figures are printed by the bench,
+never asserted here)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from planner.ingest.store import FleetStore
-from planner.shard.bench import _fleet, _Messages, bench_nats
+from planner.shard.bench import _fleet, _Messages, bench_nats, main
+from planner.shard.partition import partition
 from planner.transport.nats_source import NatsFpmSource
 
 
@@ -39,3 +46,25 @@ def test_a_tiny_batched_run_over_nats_with_two_shards_stores_what_it_sent() -> N
     shards = figures["per_shard"]
     assert len(shards) == 2 and sum(s["stored"] for s in shards) == figures["sent"]
     assert all(s["batches"] > 0 and s["gaps"] == 0 for s in shards)
+
+
+@pytest.mark.parametrize("batch_steps", [0, 2])
+def test_drain_mode_stores_exactly_each_partitions_samples_after_holding_the_shards(
+    batch_steps: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workers, dp, steps = 8, 2, 8
+    argv = ["nats", "--drain", "--workers", str(workers), "--dp", str(dp), "--shards", "2"]
+    argv += ["--drain-steps", str(steps), "--batch-steps", str(batch_steps)]
+    assert main(argv) == 0
+    figures = json.loads(capsys.readouterr().out)
+    parts = partition(_fleet(workers, dp), ["s0", "s1"])
+    want = {sid: len(parts[sid]) * dp * steps for sid in ("s0", "s1")}
+    assert figures["sent"] == workers * dp * steps and figures["lost"] == 0
+    assert figures["payloads_per_message"] == (2 * dp if batch_steps else 1)
+    got = {s["shard"]: s for s in figures["per_shard"]}
+    assert {sid: got[sid]["stored"] for sid in want} == want
+    assert sum(s["stored"] for s in got.values()) == figures["stored"] == figures["sent"]
+    assert figures["balance"]["samples_per_shard"] == [want["s0"], want["s1"]]
+    for shard in got.values():
+        assert shard["received_while_held"] == 0  # held: nothing was read before the release
+        assert (shard["gaps"], shard["drops"], shard["slow_consumer_drops"], shard["reconnects"]) == (0, 0, 0, 0)
