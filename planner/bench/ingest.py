@@ -55,7 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     paced.add_argument("--publisher-procs", type=int, default=2, help="paced mode: publisher processes (2)")
     paced.add_argument("--tick-interval-s", type=float, default=0.5, help="paced mode: decision tick interval")
     paced.add_argument(
-        "--min-poll-interval-s", type=float, default=0.02, help="paced mode: the subscriber's minimum round interval"
+        "--min-poll-interval-s",
+        type=float,
+        default=0.1,
+        help="paced mode: the subscriber's minimum round interval (0.1 s)",
     )
     paced.add_argument(
         "--readiness",

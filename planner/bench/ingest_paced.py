@@ -234,7 +234,7 @@ def measure_paced(
     window: int = 256,
     tick_interval_s: float = 0.5,
     receive_path: ReceivePath = "auto",
-    min_poll_interval_s: float = 0.02,
+    min_poll_interval_s: float = 0.1,
     readiness: ReadinessKind = "auto",
 ) -> dict[str, Any]:
     """Run the paced publishers in child processes and the real subscriber + ticks here; returns the figures."""

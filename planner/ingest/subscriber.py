@@ -63,7 +63,7 @@ class FpmSubscriber:
         reconnect: ReconnectPolicy | None = None,
         seed: int | None = None,
         curve: CurveClientKeys | None = None,
-        min_poll_interval_s: float = 0.02,
+        min_poll_interval_s: float = 0.1,
         readiness: ReadinessKind = "auto",
     ) -> None:
         if not 0.0 <= min_poll_interval_s <= 1.0:
