@@ -17,8 +17,10 @@ routing out of the timed part:
 4. all shards are released at one instant (one shared event), and each times, from that instant, until its
    store holds every sample of its partition; it reports its samples, drain seconds and CPU seconds.
 
-Figures: per shard, samples stored, drain seconds, CPU seconds and samples per second; in total, all samples
-over the slowest shard's drain seconds; the partition's balance (rendezvous hashing is not exactly even and the
+Figures: per shard, samples stored, drain seconds, CPU seconds, samples per second, and how long its NATS loop
+thread was runnable but waiting for a CPU (``runqueue_wait_s``: on a shared machine, why ``cpu_share`` < 1); in
+total, all samples over the slowest shard's drain seconds (the measurement) and all samples over the largest
+shard CPU time (an estimate: each shard with a core to itself); the partition's balance (rendezvous hashing is not exactly even and the
 bench does not pick worker ids to even it) and what it costs; the nats-server's CPU during the drain (it still
 writes its pending buffers out to the sockets). What this measures is the shards' capacity with the cores to
 themselves, not a live rate: in production the relays and the NATS servers run on other machines.
@@ -79,8 +81,11 @@ def _drain_shard(
         conn.send({"error": f"shard {shard_id}: no event loop"})
         return
     gate, held = threading.Event(), threading.Event()
+    loop_tid = 0
 
     def hold() -> None:
+        nonlocal loop_tid
+        loop_tid = threading.get_native_id()
         held.set()
         gate.wait()
 
@@ -93,6 +98,7 @@ def _drain_shard(
     release.wait()
     woke = time.monotonic()
     cpu0 = time.process_time()
+    wait0 = _runqueue_wait_s(loop_tid)
     received_held = shard.source.received - received0  # 0 unless the hold failed
     gate.set()
     last, quiet = shard.source.received, woke
@@ -107,6 +113,7 @@ def _drain_shard(
         done = time.monotonic()
         snap = shard.store.snapshot(done)
     cpu = time.process_time() - cpu0
+    waited = _runqueue_wait_s(loop_tid) - wait0
     conn.send(
         {
             "shard": shard_id,
@@ -120,11 +127,20 @@ def _drain_shard(
             "woke_at": woke,
             "done_at": done,
             "cpu_s": cpu,
+            "runqueue_wait_s": waited,
             "slow_consumer_drops": shard.source.slow_consumer_drops,
             "reconnects": shard.source.disconnects,
         }
     )
     shard.close()
+
+
+def _runqueue_wait_s(native_id: int) -> float:
+    """Seconds the thread ``native_id`` of this process has spent runnable but waiting for a CPU
+    (``/proc/self/task/<tid>/schedstat``, second field): with ``cpu_s``, it tells a shard that waited for a core
+    (a busy machine) from one that waited for data."""
+    with open(f"/proc/self/task/{native_id}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
 
 
 def _connz(http_port: int) -> list[dict[str, Any]]:
@@ -287,6 +303,7 @@ def bench_drain(
                 "cpu_s": round(f["cpu_s"], 4),
                 # < 1: the shard did not have a core to itself for the whole drain (a shared machine)
                 "cpu_share": round(f["cpu_s"] / drain[f["shard"]], 3) if drain[f["shard"]] > 0 else None,
+                "runqueue_wait_s": round(f["runqueue_wait_s"], 4),  # its NATS loop thread runnable, waiting for a CPU
                 "received_while_held": f["received_while_held"],
                 "samples_per_s": round(f["stored"] / drain[f["shard"]]) if drain[f["shard"]] > 0 else None,
                 "samples_per_cpu_s": round(f["stored"] / f["cpu_s"]) if f["cpu_s"] else None,
