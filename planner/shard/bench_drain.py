@@ -17,18 +17,20 @@ routing out of the timed part:
 4. all shards are released at one instant (one shared event), and each times, from that instant, until its
    store holds every sample of its partition; it reports its samples, drain seconds and CPU seconds.
 
-Figures: per shard, samples stored, drain seconds, CPU seconds, samples per second, and how long its NATS loop
-thread was runnable but waiting for a CPU (``runqueue_wait_s``: on a shared machine, why ``cpu_share`` < 1); in
-total, all samples over the slowest shard's drain seconds (the measurement) and all samples over the largest
-shard CPU time (an estimate: each shard with a core to itself); the partition's balance (rendezvous hashing is not exactly even and the
-bench does not pick worker ids to even it) and what it costs; the nats-server's CPU during the drain (it still
-writes its pending buffers out to the sockets). What this measures is the shards' capacity with the cores to
-themselves, not a live rate: in production the relays and the NATS servers run on other machines.
+Figures: per shard, samples stored, drain seconds, CPU seconds (and the part in Python's garbage collector),
+samples per second, and how long its NATS loop thread was runnable but waiting for a CPU (``runqueue_wait_s``: on
+a shared machine, why ``cpu_share`` < 1); in total, all samples over the slowest shard's drain seconds (the
+measurement) and all samples over the largest shard CPU time (an estimate: each shard with a core to itself); the
+partition's balance (rendezvous hashing is not exactly even and the bench does not pick worker ids to even it) and
+what it costs; the nats-server's CPU during the drain (it still writes its pending buffers out to the sockets).
+What this measures is the shards' capacity with the cores to themselves, not a live rate: in production the relays
+and the NATS servers run on other machines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -98,6 +100,7 @@ def _drain_shard(
     release.wait()
     woke = time.monotonic()
     cpu0 = time.process_time()
+    gc_s = _gc_timer()
     wait0 = _runqueue_wait_s(loop_tid)
     received_held = shard.source.received - received0  # 0 unless the hold failed
     gate.set()
@@ -113,6 +116,7 @@ def _drain_shard(
         done = time.monotonic()
         snap = shard.store.snapshot(done)
     cpu = time.process_time() - cpu0
+    gc.callbacks.clear()
     waited = _runqueue_wait_s(loop_tid) - wait0
     conn.send(
         {
@@ -128,11 +132,26 @@ def _drain_shard(
             "done_at": done,
             "cpu_s": cpu,
             "runqueue_wait_s": waited,
+            "gc_s": gc_s[0],
             "slow_consumer_drops": shard.source.slow_consumer_drops,
             "reconnects": shard.source.disconnects,
         }
     )
     shard.close()
+
+
+def _gc_timer() -> list[float]:
+    """Seconds spent in Python's cyclic garbage collector from now on (``[total]``, kept up to date)."""
+    total, started = [0.0], [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            total[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(on_gc)
+    return total
 
 
 def _runqueue_wait_s(native_id: int) -> float:
@@ -304,6 +323,7 @@ def bench_drain(
                 # < 1: the shard did not have a core to itself for the whole drain (a shared machine)
                 "cpu_share": round(f["cpu_s"] / drain[f["shard"]], 3) if drain[f["shard"]] > 0 else None,
                 "runqueue_wait_s": round(f["runqueue_wait_s"], 4),  # its NATS loop thread runnable, waiting for a CPU
+                "gc_s": round(f["gc_s"], 4),  # in Python's cyclic garbage collector (part of cpu_s)
                 "received_while_held": f["received_while_held"],
                 "samples_per_s": round(f["stored"] / drain[f["shard"]]) if drain[f["shard"]] > 0 else None,
                 "samples_per_cpu_s": round(f["stored"] / f["cpu_s"]) if f["cpu_s"] else None,
