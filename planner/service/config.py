@@ -48,6 +48,7 @@ __all__ = [
     "IngestConfig",
     "PerfModelSettings",
     "ServiceConfig",
+    "ShardsConfig",
     "load_config",
 ]
 
@@ -81,6 +82,14 @@ class DiscoveryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     refresh_interval_s: PositiveFloat = 1.0  # how often leases are expired and the subscriber follows
 
 
+class ShardsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Sharded ingest (docs/fleet_scale.md): the decision core reads the ingest shards' summaries from NATS."""
+
+    enabled: bool = False  # needs transport: nats; the shards run as `python -m planner.shard`
+    # a shard whose newest summary is older is stale: its workers count as not fresh (<= ingest.ttl_s)
+    max_summary_age_s: PositiveFloat = 3.0
+
+
 class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     ttl_s: PositiveFloat = 10.0
     window_size: PositiveInt = 256
@@ -88,8 +97,15 @@ class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     limits: FpmLimits = FpmLimits()  # plausibility limits on FPM counts (beyond one: dropped as invalid_value)
     transport: Transport = Transport.ZMQ  # zmq: one SUB per endpoint (default) | nats: see docs/fleet_scale.md
     nats: NatsSettings = NatsSettings()  # with transport: nats (servers, namespace, user, password_file)
+    shards: ShardsConfig = ShardsConfig()  # enabled: read shard summaries instead of raw samples
     curve_server_public_key_file: str | None = None  # CURVE on the FPM link: the publishers' server key certificate
     curve_client_secret_key_file: str | None = None  # the planner's own keypair (None: drawn at start)
+
+    def __post_init__(self) -> None:
+        if self.shards.enabled and self.transport is not Transport.NATS:
+            raise ValueError("shards.enabled needs transport: nats")
+        if self.shards.enabled and self.shards.max_summary_age_s > self.ttl_s:
+            raise ValueError("shards.max_summary_age_s must be <= ttl_s")
 
     def curve_keys(self) -> CurveClientKeys | None:
         """The subscriber's CURVE keys, read from their files now (None: CURVE off); a file that cannot be read

@@ -1,36 +1,49 @@
 """The service's ingest wiring: the FleetStore, the source that feeds it, and what a tick reads of them.
 
-:func:`build_ingest` builds the :class:`Ingest` the configuration names: the direct ZMQ subscriber (the
+:func:`build_ingest` builds the ingest the configuration names: an :class:`Ingest`, the direct ZMQ subscriber (the
 default) or the NATS source (``ingest.transport: nats``), both feeding a local
-:class:`~planner.ingest.store.FleetStore` (:mod:`planner.transport.settings`). The runner holds one and, every
+:class:`~planner.ingest.store.FleetStore` (:mod:`planner.transport.settings`); or, with
+``ingest.shards.enabled``, a :class:`~planner.service.sharded_ingest.ShardedIngest` that reads the ingest shards'
+summaries and publishes the membership they follow. The runner holds one and, every
 tick, asks it for the snapshot the decision core reads (:meth:`Ingest.read`: the snapshot, the perf models fed
 from the store's windows, the drop and link counters into the metrics), hands it discovery changes
 (:meth:`Ingest.set_workers`) and adds what it has to say to the diagnostics (:meth:`Ingest.diagnostics`).
 
-Nothing here reads the clock: ``now`` arrives as an argument. It never imports the runner.
+Nothing here reads the clock: ``now`` arrives as an argument (the sharded ingest is handed a wall clock to
+compare the shards' stamps with). It never imports the runner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from planner.discovery import WorkerRecord
+from planner.errors import ConfigError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.ingest.traffic import TrafficWindows
 from planner.service.config import IngestConfig
 from planner.service.metrics import PlannerMetrics
 from planner.service.perf_feed import PerfFeed
+from planner.service.sharded_ingest import ShardedIngest, ShardSummarySource
+from planner.shard.merge import SummaryMerger
+from planner.shard.process import SummaryListener
 from planner.transport.settings import IngestSource, make_ingest_source
 
 __all__ = ["Ingest", "TickIngest", "build_ingest"]
 
 
 class TickIngest(Protocol):
-    """What the runner uses of its ingest."""
+    """What the runner uses of its ingest: :class:`Ingest`, or :class:`~planner.service.sharded_ingest.ShardedIngest`
+    (``ingest.shards.enabled``)."""
 
-    store: FleetStore
-    source: IngestSource
+    @property
+    def store(self) -> FleetStore: ...
+
+    @property
+    def source(self) -> IngestSource: ...
 
     def attach_traffic(self, traffic: TrafficWindows) -> None: ...
 
@@ -93,7 +106,7 @@ class Ingest:
         return snapshot
 
     def after_discovery(self, workers: Mapping[str, WorkerRecord], *, leader: bool) -> None:
-        """Nothing to tell anyone after a discovery refresh on this path."""
+        """Nothing to tell anyone after a discovery refresh on this path (the sharded leader publishes)."""
 
     def diagnostics(self) -> dict[str, Any]:
         """Keys this ingest adds to the diagnostics' ``ingest`` section (none on this path)."""
@@ -106,9 +119,12 @@ class Ingest:
         self.source.close()
 
 
-def build_ingest(config: IngestConfig) -> TickIngest:
+def build_ingest(config: IngestConfig, *, wall_clock: Callable[[], float] = time.time) -> TickIngest:
     """The ingest ``config`` names; raises ConfigError for settings that cannot work (a NATS password file that
-    cannot be read, an unreadable CURVE key)."""
+    cannot be read, an unreadable CURVE key). With ``shards.enabled``: the merged shard summaries
+    (:mod:`planner.service.sharded_ingest`; ``wall_clock`` is what their stamps are compared with)."""
+    if config.shards.enabled:
+        return _sharded(config, wall_clock)
     store = FleetStore(ttl_s=config.ttl_s, window_size=config.window_size, limits=config.limits)
     # ZMQ (default): the subscriber owns its ZMQ context, with the socket limit raised for large fleets.
     # NATS (ingest.transport: nats): the same store fed from NATS subjects (planner.transport).
@@ -116,3 +132,21 @@ def build_ingest(config: IngestConfig) -> TickIngest:
         store, config.transport, config.nats, max_msg_bytes=config.max_msg_bytes, curve=config.curve_keys()
     )
     return Ingest(store, source)
+
+
+def _sharded(config: IngestConfig, wall_clock: Callable[[], float]) -> ShardedIngest:
+    nats = config.nats
+    if not nats.servers or not nats.namespace:
+        raise ConfigError("ingest.nats: servers and namespace must not be empty with shards.enabled")
+    password = None
+    if nats.password_file is not None:
+        try:
+            password = Path(nats.password_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"ingest.nats.password_file {nats.password_file!r}: {exc}") from exc
+    merger = SummaryMerger(ttl_s=config.ttl_s, max_summary_age_s=config.shards.max_summary_age_s)
+    listener = SummaryListener(
+        merger, servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password
+    )
+    source = ShardSummarySource(merger, listener, namespace=nats.namespace, wall_clock=wall_clock)
+    return ShardedIngest(source, wall_clock=wall_clock)

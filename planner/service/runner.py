@@ -333,6 +333,8 @@ class PlannerRunner:
         while not self._stop.is_set():
             try:
                 self.refresh_discovery(self.now())
+                # sharded ingest: the leader tells the shards the workers and the live shard set
+                self.ingest.after_discovery(self.registry.workers, leader=self.is_leader)
             except Exception:  # a bad source must not stop the loop
                 log.exception("discovery refresh failed")
             if await self._sleep(self.config.discovery.refresh_interval_s):

@@ -2,15 +2,26 @@
 
 ::
 
-    python -m planner.shard --shard-id ID (--shards ID1,ID2,... | --shards-file FILE) --nats-url URL
-        --namespace NS --workers-file workers.yaml [--summary-interval-s 1] [--ttl-s 10] [--user U]
+    python -m planner.shard --shard-id ID --nats-url URL --namespace NS [--workers-from-leader]
+        [--summary-interval-s 1] [--ttl-s 10] [--user U]
+    python -m planner.shard --shard-id ID --nats-url URL --namespace NS --workers-file workers.yaml
+        (--shards ID1,ID2,... | --shards-file FILE) [...]
         # password: $FPM_NATS_PASSWORD
 
-Every ``--summary-interval-s`` it reads the discovered workers (a static workers file, re-read when it changes)
-and the shard set (``--shards``, or a file of one shard id per line, re-read when it changes: shards come and
-go by editing it, e.g. a ConfigMap), follows them (:meth:`IngestShard.set_membership`: its rendezvous partition,
-subscribed as per-worker subjects), and publishes its summary on ``fpm-shard.<ns>.<shard_id>``. SIGTERM/SIGINT
-stop it. Exit status 2 for bad arguments or a file that cannot be read at start.
+Following the leader (the default: no ``--workers-file``): the planner service's leader (``ingest.shards``)
+publishes the workers its discovery found and the live shard set (the shards whose summaries it hears fresh) on
+``fpm-shard.<ns>.membership.v1`` (:mod:`planner.shard.membership`); the shard applies each complete membership as
+it arrives (:meth:`IngestShard.follow`: its rendezvous partition, subscribed as per-worker subjects; nothing
+while it is not in the live set yet). A new shard therefore owns nothing until the leader has heard its first
+(empty) summary; a shard that stops is dropped from the live set once its summary is ``max_summary_age_s`` old,
+and its workers go to the others. No membership yet, or the leader gone: it keeps what it has.
+
+From a file (``--workers-file``): every ``--summary-interval-s`` it reads the workers (a static workers file,
+re-read when it changes) and the shard set (``--shards``, or a file of one shard id per line, re-read when it
+changes: shards come and go by editing it, e.g. a ConfigMap) and follows them.
+
+Either way it publishes its summary on ``fpm-shard.<ns>.<shard_id>`` every ``--summary-interval-s``.
+SIGTERM/SIGINT stop it. Exit status 2 for bad arguments or a file that cannot be read at start.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from pathlib import Path
 
 from planner.discovery import StaticFileDiscovery, WorkerRecord
 from planner.errors import DiscoveryError
-from planner.shard.process import IngestShard
+from planner.shard.process import IngestShard, MembershipFollower
 
 __all__ = ["main"]
 
@@ -37,12 +48,18 @@ log = logging.getLogger("planner.shard")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m planner.shard", description="one FPM ingest shard on NATS")
     parser.add_argument("--shard-id", required=True)
-    shards = parser.add_mutually_exclusive_group(required=True)
-    shards.add_argument("--shards", help="every shard id, comma-separated (this one included)")
-    shards.add_argument("--shards-file", help="a file of shard ids, one per line, re-read when it changes")
+    shards = parser.add_mutually_exclusive_group()
+    shards.add_argument("--shards", help="with --workers-file: every shard id, comma-separated (this one included)")
+    shards.add_argument("--shards-file", help="with --workers-file: a file of shard ids, one per line, re-read")
     parser.add_argument("--nats-url", action="append", required=True, help="NATS server URL (repeatable)")
     parser.add_argument("--namespace", required=True)
-    parser.add_argument("--workers-file", required=True, help="YAML workers file (planner.discovery)")
+    workers = parser.add_mutually_exclusive_group()
+    workers.add_argument("--workers-file", help="YAML workers file (planner.discovery), instead of the leader's")
+    workers.add_argument(
+        "--workers-from-leader",
+        action="store_true",
+        help="follow the workers and shard set the planner's leader publishes (the default without --workers-file)",
+    )
     parser.add_argument("--user", default=None, help="NATS user (default: the shard id)")
     parser.add_argument("--summary-interval-s", type=float, default=1.0)
     parser.add_argument("--ttl-s", type=float, default=10.0)
@@ -59,6 +76,19 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if args.summary_interval_s <= 0 or args.ttl_s <= 0:
         print("python -m planner.shard: --summary-interval-s and --ttl-s must be > 0", file=sys.stderr)
         return 2
+    if args.workers_file is None:
+        if args.shards or args.shards_file:
+            print(
+                "python -m planner.shard: --shards/--shards-file go with --workers-file"
+                " (following the leader, the leader names the live shards)",
+                file=sys.stderr,
+            )
+            return 2
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return _follow_leader(args, environ)
+    if not (args.shards or args.shards_file):
+        print("python -m planner.shard: --workers-file needs --shards or --shards-file", file=sys.stderr)
+        return 2
     shards_file = Path(args.shards_file) if args.shards_file else None
     try:
         discovery = StaticFileDiscovery(args.workers_file)
@@ -70,14 +100,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"python -m planner.shard: {args.shard_id!r} is not among the shards {shard_ids}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    shard = IngestShard(
-        args.shard_id,
-        servers=args.nats_url,
-        namespace=args.namespace,
-        user=args.user or args.shard_id,
-        password=environ.get("FPM_NATS_PASSWORD") or None,
-        ttl_s=args.ttl_s,
-    )
+    shard = _shard(args, environ)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -101,6 +124,63 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             shard.publish_summary()
             stop.wait(args.summary_interval_s)
     finally:
+        shard.close()
+    return 0
+
+
+def _shard(args: argparse.Namespace, environ: Mapping[str, str]) -> IngestShard:
+    return IngestShard(
+        args.shard_id,
+        servers=args.nats_url,
+        namespace=args.namespace,
+        user=args.user or args.shard_id,
+        password=environ.get("FPM_NATS_PASSWORD") or None,
+        ttl_s=args.ttl_s,
+    )
+
+
+def _follow_leader(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """Apply each complete membership as it arrives; publish the summary every interval."""
+    shard = _shard(args, environ)
+    follower = MembershipFollower(
+        servers=args.nats_url,
+        namespace=args.namespace,
+        user=args.user or args.shard_id,
+        password=environ.get("FPM_NATS_PASSWORD") or None,
+    )
+    stop = threading.Event()
+
+    def stopping(*_: object) -> None:
+        stop.set()
+        follower.arrived.set()  # wake the loop
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stopping)
+    shard.start()
+    follower.start()
+    next_summary_at = time.monotonic()
+    applied: tuple[dict[str, WorkerRecord], tuple[str, ...]] | None = None
+    try:
+        while not stop.is_set():
+            membership = follower.take()
+            if membership is not None and membership != applied:  # the leader repeats itself every second
+                applied = membership
+                workers, shard_ids = membership
+                shard.follow(workers, shard_ids)
+                log.info(
+                    "shard %s owns %d of %d workers (live shards %s)",
+                    args.shard_id,
+                    len(shard.owned),
+                    len(workers),
+                    list(shard_ids),
+                )
+            now = time.monotonic()
+            if now >= next_summary_at:
+                shard.publish_summary()
+                next_summary_at = now + args.summary_interval_s
+            follower.arrived.wait(max(0.0, next_summary_at - time.monotonic()))
+    finally:
+        follower.close()
         shard.close()
     return 0
 

@@ -86,6 +86,15 @@ class SummaryMerger:
         ] = {}
         self.rejected = 0  # summaries older than the shard's newest one
 
+    @property
+    def layout(self) -> FleetStore:
+        """The store that lays the discovered workers out (it never ingests a sample)."""
+        return self._layout
+
+    def summaries(self) -> dict[str, ShardSummary]:
+        """Every shard heard from -> its newest summary."""
+        return dict(self._summaries)
+
     def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
         self._layout.set_workers(workers)
         self._table = self._layout.snapshot(0.0).totals.table
@@ -132,8 +141,11 @@ class SummaryMerger:
         self._slots[summary.shard_id] = (key, *out)
         return out
 
-    def snapshot(self, now: float) -> FleetSnapshot:
-        """The merged snapshot at ``now`` (wall clock seconds, as the shards stamp their summaries)."""
+    def snapshot(self, now: float, *, local_now: float | None = None) -> FleetSnapshot:
+        """The merged snapshot at ``now`` (wall clock seconds, as the shards stamp their summaries).
+        ``local_now``: the same instant on the reader's own clock (the service's monotonic clock): the snapshot
+        is stamped with it and the endpoints' ``last_at`` are shifted onto it."""
+        shift = 0.0 if local_now is None else local_now - now
         table = self._table
         fresh = np.zeros(table.size, dtype=np.bool_)
         load = {service: [0.0] * len(LoadField) for service in table.services}
@@ -167,7 +179,7 @@ class SummaryMerger:
                     endpoint=endpoint,
                     worker_id=seen.worker_id,
                     dp_rank=seen.dp_rank,
-                    last_at=summary.taken_at - seen.age_s,
+                    last_at=summary.taken_at - seen.age_s + shift,
                     messages=seen.messages,
                 )
         fresh.flags.writeable = False
@@ -176,7 +188,7 @@ class SummaryMerger:
         )
         fresh_ranks.flags.writeable = False
         return FleetSnapshot(
-            now=now,
+            now=now + shift,
             ttl_s=self.ttl_s,
             ranks=_SummaryRanks(table, fresh),
             endpoints=endpoints,

@@ -9,7 +9,9 @@ construction and a rebalance is a few subscribe/unsubscribe calls), feeds its ow
 
 :class:`SummaryListener` is the leader's side: it subscribes to ``fpm-shard.<ns>.*`` and hands every decoded
 summary to a :class:`~planner.shard.merge.SummaryMerger` (under its lock); a payload that is not a summary is
-counted and logged, never merged.
+counted and logged, never merged. The leader publishes its membership (the discovered workers and the live shard
+set, :mod:`planner.shard.membership`) on the same connection; a shard's :class:`MembershipFollower` assembles
+it, and :meth:`IngestShard.follow` applies it.
 
 Alternatives considered: NATS subject-mapping partitions (``partition(n, wildcard)`` in the server config) need
 the server's configuration changed, and every shard resubscribed, whenever the number of shards changes, and
@@ -20,6 +22,7 @@ balance messages, not workers, so one worker's ranks would land on several shard
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -31,6 +34,7 @@ from nats.aio.msg import Msg
 
 from planner.discovery import WorkerRecord
 from planner.ingest.store import FleetStore
+from planner.shard.membership import MembershipAssembler, decode_membership, membership_subject
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
 from planner.shard.summary import ShardSummary, decode_summary, encode_summary, summarize
@@ -38,7 +42,7 @@ from planner.transport.nats_source import NatsFpmSource
 from planner.transport.subjects import escape, worker_wildcard
 from worker_shim.loop_thread import LoopThread
 
-__all__ = ["IngestShard", "SummaryListener", "summary_subject", "summary_wildcard"]
+__all__ = ["IngestShard", "MembershipFollower", "SummaryListener", "summary_subject", "summary_wildcard"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,14 @@ class IngestShard:
         self.source.set_workers({wid: workers[wid] for wid in owned})
         self.source.set_subjects([worker_wildcard(self.namespace, wid) for wid in owned])
 
+    def follow(self, workers: Mapping[str, WorkerRecord], shard_ids: Sequence[str]) -> None:
+        """Follow the leader's membership: this shard's partition when it is in the live shard set, else
+        nothing (it is not live yet: its next summary, empty, makes it so, and the next membership counts it)."""
+        if self.shard_id in shard_ids:
+            self.set_membership(workers, shard_ids)
+        else:
+            self.set_membership({}, [self.shard_id])
+
     def summary(self) -> ShardSummary:
         """This shard's state now."""
         self._seq += 1
@@ -114,7 +126,117 @@ class IngestShard:
         self.close()
 
 
-class SummaryListener:
+class _NatsListener:
+    """One NATS connection on a thread of its own, subscribed to one subject (``on_msg`` for each message), that
+    can also publish. Reconnects forever; counts connects, disconnects and errors of its loop."""
+
+    def __init__(
+        self,
+        subject: str,
+        *,
+        servers: Sequence[str],
+        user: str | None,
+        password: str | None,
+        name: str,
+    ) -> None:
+        self.lock = threading.Lock()
+        self.servers = list(servers)
+        self.received = 0
+        self.loop_errors = 0
+        self.connects = 0
+        self.disconnects = 0
+        self.publish_errors = 0
+        self._subject = subject
+        self._user = user
+        self._password = password
+        self._name = name
+        self._nc: Client | None = None
+        self._thread = LoopThread(self._main, name=name, on_error=self._loop_error)
+        self._ready = threading.Event()
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self.connects - 1)
+
+    @property
+    def connected(self) -> bool:
+        return self._ready.is_set()
+
+    def _loop_error(self, exc: BaseException) -> None:
+        self.loop_errors += 1
+
+    async def _on_msg(self, msg: Msg) -> None:
+        raise NotImplementedError
+
+    async def _on_disconnect(self) -> None:
+        self.disconnects += 1
+        self._ready.clear()
+
+    async def _on_reconnect(self) -> None:
+        self.connects += 1
+        self._ready.set()
+
+    async def _main(self, stopping: asyncio.Event) -> None:
+        nc: Client | None = None
+        while nc is None and not stopping.is_set():
+            try:
+                nc = await nats.connect(
+                    servers=self.servers,
+                    user=self._user,
+                    password=self._password,
+                    name=self._name,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,
+                    connect_timeout=2,
+                    disconnected_cb=self._on_disconnect,
+                    reconnected_cb=self._on_reconnect,
+                )
+            except Exception as exc:
+                log.warning("cannot connect to NATS %s: %s", self.servers, exc)
+                try:
+                    await asyncio.wait_for(stopping.wait(), 0.25)
+                except TimeoutError:
+                    pass
+        if nc is None:
+            return
+        try:
+            await nc.subscribe(self._subject, cb=self._on_msg)
+            await nc.flush()
+            self._nc = nc
+            self.connects += 1
+            self._ready.set()
+            await stopping.wait()
+        finally:
+            self._ready.clear()
+            self._nc = None
+            await nc.close()
+
+    def publish(self, subject: str, payload: bytes) -> bool:
+        """Queue ``payload`` on ``subject`` without waiting (from any thread but the listener's own); False when
+        not connected. A publish that fails later is counted (``publish_errors``)."""
+        loop, nc = self._thread.loop, self._nc
+        if loop is None or nc is None or not nc.is_connected or loop.is_closed():
+            return False
+        future = asyncio.run_coroutine_threadsafe(nc.publish(subject, payload), loop)
+        future.add_done_callback(self._published)
+        return True
+
+    def _published(self, future: concurrent.futures.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.publish_errors += 1
+
+    def start(self) -> _NatsListener:
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        return self._ready.wait(timeout_s)
+
+    def close(self) -> None:
+        self._thread.close()
+
+
+class SummaryListener(_NatsListener):
     """The leader's subscription to every shard's summaries, merged by a :class:`SummaryMerger`."""
 
     def __init__(
@@ -126,16 +248,11 @@ class SummaryListener:
         user: str | None = None,
         password: str | None = None,
     ) -> None:
+        super().__init__(
+            summary_wildcard(namespace), servers=servers, user=user, password=password, name="fpm-shard-summaries"
+        )
         self.merger = merger
-        self.lock = threading.Lock()
-        self.received = 0
         self.bad_summaries = 0
-        self._servers = list(servers)
-        self._subject = summary_wildcard(namespace)
-        self._user = user
-        self._password = password
-        self._thread = LoopThread(self._main, name="fpm-shard-summaries")
-        self._ready = threading.Event()
 
     async def _on_msg(self, msg: Msg) -> None:
         try:
@@ -148,44 +265,60 @@ class SummaryListener:
             self.received += 1
             self.merger.update(summary)
 
-    async def _main(self, stopping: asyncio.Event) -> None:
-        nc: Client | None = None
-        while nc is None and not stopping.is_set():
-            try:
-                nc = await nats.connect(
-                    servers=self._servers,
-                    user=self._user,
-                    password=self._password,
-                    name="fpm-planner-leader",
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.25,
-                    connect_timeout=2,
-                )
-            except Exception as exc:
-                log.warning("cannot connect to NATS %s: %s", self._servers, exc)
-                await asyncio.sleep(0.25)
-        if nc is None:
-            return
-        try:
-            await nc.subscribe(self._subject, cb=self._on_msg)
-            await nc.flush()
-            self._ready.set()
-            await stopping.wait()
-        finally:
-            await nc.close()
-
     def start(self) -> SummaryListener:
-        self._thread.start()
+        super().start()
         return self
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        return self._ready.wait(timeout_s)
-
-    def close(self) -> None:
-        self._thread.close()
 
     def __enter__(self) -> SummaryListener:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class MembershipFollower(_NatsListener):
+    """A shard's subscription to the leader's membership: the newest complete one, and an event set when one
+    arrives (a message that is not a membership part is counted and logged, never applied)."""
+
+    def __init__(
+        self,
+        *,
+        servers: Sequence[str],
+        namespace: str,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        super().__init__(
+            membership_subject(namespace), servers=servers, user=user, password=password, name="fpm-shard-membership"
+        )
+        self.assembler = MembershipAssembler()
+        self.bad_memberships = 0
+        self.latest: tuple[dict[str, WorkerRecord], tuple[str, ...]] | None = None
+        self.latest_at: float | None = None  # the leader's wall clock when it took the newest membership
+        self.arrived = threading.Event()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            part = decode_membership(msg.data)
+        except ValueError as exc:
+            self.bad_memberships += 1
+            log.warning("dropped a message on %s: %s", msg.subject, exc)
+            return
+        with self.lock:
+            self.received += 1
+            complete = self.assembler.add(part)
+            if complete is not None:
+                self.latest = complete
+                self.latest_at = part.taken_at
+                self.arrived.set()
+
+    def take(self) -> tuple[dict[str, WorkerRecord], tuple[str, ...]] | None:
+        """The newest complete membership not taken yet (None: nothing new)."""
+        with self.lock:
+            latest, self.latest = self.latest, None
+            self.arrived.clear()
+        return latest
+
+    def start(self) -> MembershipFollower:
+        super().start()
+        return self

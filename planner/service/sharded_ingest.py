@@ -1,0 +1,239 @@
+"""Sharded ingest on the service's side (``ingest.shards.enabled``): the decision core reads the ingest shards'
+merged summaries instead of a local FleetStore fed with raw samples, so the tick does not grow with the sample
+rate; and the leader tells the shards whom to ingest.
+
+- :class:`ShardSummarySource` is an :class:`~planner.transport.settings.IngestSource` whose snapshot is the
+  :class:`~planner.shard.merge.SummaryMerger`'s merge of the shards' newest summaries (received by a
+  :class:`~planner.shard.process.SummaryListener` on ``fpm-shard.<ns>.*``). Its store only lays the discovered
+  workers out (it never ingests a sample), so diagnostics still list every worker and rank with its freshness.
+  A shard whose newest summary is older than ``max_summary_age_s`` is stale: its workers count as not fresh, so
+  the core's existing safety reasons (``workers_silent``, ``ranks_missing``, ``scale_down_blocked``) hold any
+  scale-down on them.
+- :class:`ShardedIngest` is the runner's ingest (:class:`~planner.service.ingest_wiring.TickIngest`) in this mode. After
+  every discovery refresh the leader publishes the discovered workers and the live shard set (the shards whose
+  summaries are fresh) on ``fpm-shard.<ns>.membership.v1`` (:mod:`planner.shard.membership`); the shards
+  (``python -m planner.shard`` without ``--workers-file``) follow it. Followers publish nothing.
+
+The merger compares the shards' wall-clock stamps with this process's wall clock (the shards and the leader
+need clocks in step to well under ``max_summary_age_s``); the snapshot it hands the core is stamped on the
+monotonic clock the core runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from planner.discovery import WorkerRecord
+from planner.ingest.store import FleetSnapshot, FleetStore
+from planner.ingest.subscriber import LinkStats, LinkTotals
+from planner.ingest.traffic import TrafficWindows
+from planner.service.metrics import PlannerMetrics
+from planner.service.perf_feed import PerfFeed
+from planner.shard.membership import membership_parts, membership_subject
+from planner.shard.merge import SummaryMerger
+from planner.shard.process import SummaryListener, summary_subject
+
+__all__ = ["ShardSummarySource", "ShardedIngest"]
+
+
+class ShardSummarySource:
+    """The merged shard summaries as an ingest source (what the runner and diagnostics read)."""
+
+    def __init__(
+        self,
+        merger: SummaryMerger,
+        listener: SummaryListener,
+        *,
+        namespace: str,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.merger = merger
+        self.listener = listener
+        self.namespace = namespace
+        self.store: FleetStore = merger.layout  # the workers' slot table; never a sample
+        self.lock = listener.lock
+        self.wall_clock = wall_clock
+
+    @property
+    def received(self) -> int:
+        """Summaries received (the samples themselves stay in the shards); the listener's counter."""
+        return self.listener.received
+
+    @received.setter
+    def received(self, value: int) -> None:
+        self.listener.received = value
+
+    @property
+    def loop_errors(self) -> int:
+        return self.listener.loop_errors
+
+    @loop_errors.setter
+    def loop_errors(self, value: int) -> None:
+        self.listener.loop_errors = value
+
+    def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
+        with self.lock:
+            self.merger.set_workers(workers)
+
+    def live_shards(self, wall_now: float) -> list[str]:
+        """The shards whose newest summary is fresh at ``wall_now``, sorted."""
+        with self.lock:
+            ages = self.merger.shards(wall_now)
+        return sorted(shard for shard, age_s in ages.items() if age_s <= self.merger.max_summary_age_s)
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The summary subjects of the live shards (what ``endpoints_connected`` counts in this mode)."""
+        return tuple(summary_subject(self.namespace, s) for s in self.live_shards(self.wall_clock()))
+
+    def snapshot(self, now: float) -> FleetSnapshot:
+        """The merged snapshot, freshness judged on the wall clock now, stamped ``now`` (monotonic)."""
+        wall_now = self.wall_clock()
+        with self.lock:
+            return self.merger.snapshot(wall_now, local_now=now)
+
+    def start(self) -> ShardSummarySource:
+        self.listener.start()
+        return self
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def link_totals(self) -> LinkTotals:
+        return LinkTotals(disconnects=self.listener.disconnects, reconnects=self.listener.reconnects)
+
+    def links(self) -> dict[str, LinkStats]:
+        """The connection to NATS as the one link (as on the NATS ingest path)."""
+        stats = LinkStats(
+            endpoint=",".join(self.listener.servers),
+            connected=self.listener.connected,
+            connections=self.listener.connects,
+            disconnects=self.listener.disconnects,
+            reconnects=self.listener.reconnects,
+            connect_retries=0,
+            protocol_errors=0,
+            socket_replacements=0,
+            backoff_s=0.0,
+        )
+        return {stats.endpoint: stats}
+
+    def troubled_links(self, limit: int = 50) -> list[LinkStats]:
+        if limit < 1 or (self.listener.connected and not self.listener.disconnects):
+            return []
+        return list(self.links().values())
+
+
+class ShardedIngest:
+    """The runner's ingest in sharded mode: merged summaries in, membership out (leader only)."""
+
+    def __init__(
+        self,
+        source: ShardSummarySource,
+        *,
+        wall_clock: Callable[[], float],
+        leader_name: str | None = None,
+        max_part_bytes: int = 48 * 1024,
+    ) -> None:
+        self.store: FleetStore = source.store
+        self.source = source
+        self.shards = source
+        self.wall_clock = wall_clock
+        self.leader_name = leader_name or f"{socket.gethostname()}:{os.getpid()}"
+        self.max_part_bytes = max_part_bytes
+        self.membership_seq = 0
+        self.membership_published_at: float | None = None  # wall clock
+        self.membership_bytes = 0
+        self.membership_parts = 0
+        self.membership_shards: tuple[str, ...] = ()
+
+    def attach_traffic(self, traffic: TrafficWindows) -> None:
+        """Nothing feeds the FPM traffic windows in this mode: the samples stay in the shards."""
+
+    def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
+        self.source.set_workers(workers)
+
+    def snapshot(self, now: float) -> FleetSnapshot:
+        return self.source.snapshot(now)
+
+    def start(self) -> None:
+        self.source.start()
+
+    def close(self) -> None:
+        self.source.close()
+
+    def read(
+        self,
+        now: float,
+        *,
+        workers: Mapping[str, WorkerRecord],
+        perf: PerfFeed,
+        metrics: PlannerMetrics,
+        leader: bool,
+    ) -> FleetSnapshot:
+        """The merged snapshot (no sample reaches this process: the perf models are not fed from it)."""
+        snapshot = self.source.snapshot(now)
+        metrics.observe_drops({str(k): v for k, v in snapshot.drops.items()})
+        metrics.observe_links(self.source.link_totals())
+        return snapshot
+
+    def after_discovery(self, workers: Mapping[str, WorkerRecord], *, leader: bool) -> None:
+        """The leader publishes the discovered workers and the live shard set (in parts under the payload cap)."""
+        if not leader:
+            return
+        wall_now = self.wall_clock()
+        shards = self.shards.live_shards(wall_now)
+        self.membership_seq += 1
+        parts = membership_parts(
+            leader=self.leader_name,
+            seq=self.membership_seq,
+            taken_at=wall_now,
+            shards=shards,
+            workers=workers,
+            max_part_bytes=self.max_part_bytes,
+        )
+        subject = membership_subject(self.shards.namespace)
+        if all(self.shards.listener.publish(subject, part) for part in parts):
+            self.membership_published_at = wall_now
+            self.membership_bytes = sum(map(len, parts))
+            self.membership_parts = len(parts)
+            self.membership_shards = tuple(shards)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """``mode``, every shard heard from (age of its newest summary, live or stale, what it owns) and the
+        last membership published."""
+        wall_now = self.wall_clock()
+        merger = self.shards.merger
+        with self.shards.lock:
+            summaries = merger.summaries()
+        shards = []
+        for shard_id, summary in sorted(summaries.items()):
+            age_s = wall_now - summary.taken_at
+            shards.append(
+                {
+                    "shard_id": shard_id,
+                    "summary_age_s": age_s,
+                    "live": age_s <= merger.max_summary_age_s,
+                    "seq": summary.seq,
+                    "workers": len(summary.workers),
+                    "ranks": len(summary.fresh),
+                    "ranks_fresh": summary.fresh.count(1),
+                    "received": summary.received,
+                }
+            )
+        return {
+            "mode": "sharded",
+            "max_summary_age_s": merger.max_summary_age_s,
+            "shards": shards,
+            "bad_summaries": self.shards.listener.bad_summaries,
+            "membership": {
+                "leader": self.leader_name,
+                "seq": self.membership_seq,
+                "published_at_s": self.membership_published_at,
+                "parts": self.membership_parts,
+                "bytes": self.membership_bytes,
+                "shards": list(self.membership_shards),
+            },
+        }
