@@ -1,8 +1,9 @@
 """The chart's ingest values, rendered by Helm's own template engine (``helm-python-sdk``: Helm's Go SDK, bundled,
 offline): NATS off changes nothing; ``ingest.transport: nats`` reaches the planner's configuration (loaded by the
 real config loader) with its password file the mounted Secret; the shard StatefulSet runs ``python -m
-planner.shard`` with flags its parser accepts and a shard set naming exactly its pods; CURVE Secrets are mounted
-where the configuration reads them; values that cannot work fail the render, naming the value."""
+planner.shard`` with flags its parser accepts (following the leader, which the planner's configuration then is in
+sharded mode for, or a workers file with a shard set naming exactly its pods); CURVE Secrets are mounted where the
+configuration reads them; values that cannot work fail the render, naming the value."""
 
 from __future__ import annotations
 
@@ -117,7 +118,23 @@ def test_transport_nats_reaches_the_planners_config_with_its_password_the_mounte
     assert not [d for d in docs if d["kind"] == "StatefulSet"]  # shards are optional
 
 
-def test_the_shard_statefulset_runs_planner_shard_with_accepted_flags_over_exactly_its_pods() -> None:
+def test_shards_follow_the_leader_by_default_and_the_planner_reads_their_summaries(tmp_path: Path) -> None:
+    docs = render({"ingest": NATS_ON["ingest"], "shards": {"replicas": 2, "maxSummaryAgeS": 2.5}})
+    config = planner_config(docs, tmp_path)
+    assert config.ingest.shards.enabled and config.ingest.shards.max_summary_age_s == 2.5
+    sts = one(docs, "StatefulSet", f"{RELEASE}-fpm-planner-shard")
+    (ctr,) = sts["spec"]["template"]["spec"]["containers"]
+    args = shard_parser().parse_args([a.replace("$(POD_NAME)", "rel-fpm-planner-shard-0") for a in ctr["args"]])
+    assert args.workers_from_leader and args.workers_file is None and args.shards_file is None
+    assert args.nats_url == NATS_ON["ingest"]["nats"]["servers"] and args.namespace == config.ingest.nats.namespace
+    assert args.user == config.ingest.nats.user and args.ttl_s == config.ingest.ttl_s
+    assert "volumes" not in sts["spec"]["template"]["spec"]
+    assert not [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-shard")]
+    zmq_only = planner_config(render({"ingest": NATS_ON["ingest"]}), tmp_path)
+    assert not zmq_only.ingest.shards.enabled  # no shards: the planner ingests every sample itself
+
+
+def test_shards_from_a_workers_file_run_with_accepted_flags_over_exactly_their_pods() -> None:
     docs = render(NATS_ON)
     planner = one(docs, "Deployment", f"{RELEASE}-fpm-planner")
     sts = one(docs, "StatefulSet", f"{RELEASE}-fpm-planner-shard")
@@ -174,7 +191,6 @@ def test_curve_secrets_are_mounted_where_the_planners_config_reads_them(tmp_path
         ({"ingest": {"transport": "kafka"}}, "ingest.transport must be zmq or nats"),
         ({"ingest": {"transport": "nats"}}, "ingest.nats.servers"),
         ({"shards": {"replicas": 2, "workersConfigMap": {"name": "w"}}}, "shards.replicas > 0 needs ingest.transport"),
-        ({"ingest": NATS_ON["ingest"], "shards": {"replicas": 2}}, "shards.workersConfigMap.name"),
     ],
 )
 def test_values_that_cannot_work_fail_the_render_naming_them(values: dict[str, Any], message: str) -> None:

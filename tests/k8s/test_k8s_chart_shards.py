@@ -1,10 +1,12 @@
 """The shard StatefulSet the chart renders, run as the kubelet would run its pods (its command and arguments, its
 ``$(POD_NAME)``, its ConfigMap and Secret volumes laid out as files, its Secret env), against a real nats-server
-with real publishers and relays: both shards start, each covers its partition, and the leader's merge of their
-summaries sees every rank fresh."""
+with real publishers and relays, in both modes: following the leader (the test publishes the leader's membership
+messages with ``planner.shard.membership``, as the planner's leader does) and from a workers file. Both shards
+start, each covers its partition, and the merge of their summaries sees every rank fresh."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -12,10 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import yaml
 
 from planner.discovery import StaticFileDiscovery
+from planner.shard.membership import membership_parts, membership_subject
 from planner.shard.merge import SummaryMerger
 from planner.shard.process import SummaryListener
 from planner.transport.nats_config import render_server_config
@@ -53,9 +57,9 @@ def run_pod(
     ``$(VAR)`` expanded, mount paths mapped under ``root``; ``python`` is this interpreter."""
     spec = sts["spec"]["template"]["spec"]
     (ctr,) = spec["containers"]
-    volumes = {v["name"]: v for v in spec["volumes"]}
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
     mounts: dict[str, Path] = {}
-    for mount in ctr["volumeMounts"]:
+    for mount in ctr.get("volumeMounts", []):
         volume = volumes[mount["name"]]
         target = root / pod_name / mount["mountPath"].lstrip("/")
         target.mkdir(parents=True)
@@ -87,7 +91,36 @@ def run_pod(
     return subprocess.Popen([sys.executable, *argv[1:]], env=env | {"PATH": "/usr/bin:/bin"})
 
 
-def test_the_rendered_shards_run_and_cover_every_rank(server: NatsServer, tmp_path: Path) -> None:
+class Leader:
+    """Publishes the leader's membership (the workers and the live shard set), at most every 0.5 s."""
+
+    def __init__(self, server: NatsServer, shards: list[str], workers_file: Path) -> None:
+        self.server = server
+        self.shards = shards
+        self.workers = StaticFileDiscovery(workers_file).workers(0.0)
+        self.seq = 0
+        self.last_s = 0.0
+
+    def tick(self) -> None:
+        if time.monotonic() - self.last_s < 0.5:
+            return
+        self.last_s = time.monotonic()
+        self.seq += 1
+        parts = membership_parts(
+            leader="planner-0", seq=self.seq, taken_at=time.time(), shards=self.shards, workers=self.workers
+        )
+
+        async def publish() -> None:
+            nc = await nats.connect(servers=[self.server.url], user="planner", password="pp")
+            for part in parts:
+                await nc.publish(membership_subject(NS), part)
+            await nc.drain()
+
+        asyncio.run(publish())
+
+
+@pytest.mark.parametrize("mode", ["leader", "file"])
+def test_the_rendered_shards_run_and_cover_every_rank(mode: str, server: NatsServer, tmp_path: Path) -> None:
     ports = {w: free_port() for w in WORKERS}
     entries = [
         {"worker_id": w, "role": "decode", "service": "decode", "dp_size": 1, "fpm_endpoints": [f"tcp://127.0.0.1:{p}"]}
@@ -100,7 +133,11 @@ def test_the_rendered_shards_run_and_cover_every_rank(server: NatsServer, tmp_pa
                 "transport": "nats",
                 "nats": {"servers": [server.url], "namespace": NS, "user": "planner", "existingSecret": "fpm-nats"},
             },
-            "shards": {"replicas": 2, "summaryIntervalS": 0.2, "workersConfigMap": {"name": "fleet-workers"}},
+            "shards": {
+                "replicas": 2,
+                "summaryIntervalS": 0.2,
+                "workersConfigMap": {"name": "fleet-workers" if mode == "file" else ""},
+            },
         }
     )
     sts = one(docs, "StatefulSet", "rel-fpm-planner-shard")
@@ -123,8 +160,11 @@ def test_the_rendered_shards_run_and_cover_every_rank(server: NatsServer, tmp_pa
     listener = SummaryListener(merger, servers=[server.url], namespace=NS, user="planner", password="pp").start()
     pods = [f"rel-fpm-planner-shard-{i}" for i in range(sts["spec"]["replicas"])]
     procs = [run_pod(name, sts, config_maps, tmp_path / "pods") for name in pods]
+    leader = Leader(server, pods, tmp_path / "workers.yaml")
 
     def covered() -> bool:
+        if mode == "leader":
+            leader.tick()
         with listener.lock:
             snap = merger.snapshot(time.time())
             heard = set(merger.shards(time.time()))

@@ -44,7 +44,4 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and (gt (int .Values.shards.replicas) 0) (ne .Values.ingest.transport "nats") -}}
 {{- fail "shards.replicas > 0 needs ingest.transport: nats (shards subscribe on NATS)" -}}
 {{- end -}}
-{{- if and (gt (int .Values.shards.replicas) 0) (not .Values.shards.workersConfigMap.name) -}}
-{{- fail "shards.workersConfigMap.name: the shards need the workers file they partition" -}}
-{{- end -}}
 {{- end -}}
