@@ -252,6 +252,9 @@ class FpmSubscriber:
             except Exception:  # the loop must survive anything one socket does
                 self.loop_errors += 1
                 log.exception("FPM receive failed")
+                # Not read to EAGAIN: its ZMQ_FD may not signal again, so retry it next round (as a level-triggered
+                # poll would have).
+                self._carry.append((sock, link, is_monitor))
         self.received += received
         return received
 

@@ -340,6 +340,36 @@ def test_a_socket_holding_several_batches_is_emptied_without_further_traffic(
         raw.close()
 
 
+def test_a_socket_whose_drain_failed_is_retried_without_further_traffic(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    # A drain that raises leaves the socket unread to EAGAIN: its ZMQ_FD may never signal again for what is left.
+    armed = [False]
+
+    def clock() -> float:
+        if armed[0]:
+            armed[0] = False
+            raise OSError("the clock failed once")
+        return time.monotonic()
+
+    store = FleetStore(ttl_s=5.0)
+    sub = FpmSubscriber(store, context=ctx, clock=clock)
+    raw = RawPublisher(ctx, sub, "w")
+    try:
+        raw.join()
+        while sub.poll_once(50):
+            pass
+        base = store.rank_view("w", 0, 0.0).heartbeats
+        for _ in range(700):
+            raw.send_multipart(raw.good())
+        time.sleep(0.2)  # all queued at the subscriber before the failing round
+        armed[0] = True
+        # the first batch (256) is read, then lost to the error; the rest must still come in
+        pump(sub, lambda: store.rank_view("w", 0, 0.0).heartbeats == base + 700 - 256)
+        assert sub.loop_errors == 1
+    finally:
+        sub.close()
+        raw.close()
+
+
 @pytest.mark.parametrize("readiness", ["epoll", "poller"])
 def test_the_receive_thread_batches_rounds_and_keeps_every_sample_attributed(
     ctx: zmq.Context[zmq.Socket[bytes]], readiness: ReadinessKind
