@@ -1,7 +1,9 @@
 """FPM subscriber: the I/O shell in front of :class:`~planner.ingest.store.FleetStore`.
 
 One ZMQ SUB socket per discovered endpoint (so every message is attributed to the endpoint it came from), all
-polled by one thread. Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket.
+served by one thread, in rounds at most every ``min_poll_interval_s``; which sockets are ready comes from their
+``ZMQ_FD`` in an epoll set (:mod:`planner.ingest.readiness`), so a round costs what the ready sockets cost.
+Each socket caps inbound messages with ZMQ_MAXMSGSIZE and is watched by a monitor socket.
 Ready sockets are drained in batches, by the C drain of :mod:`planner.ingest.native` where it is built
 (``receive_path``); the store is updated under a lock that readers (:meth:`FpmSubscriber.snapshot`) share.
 Nothing raises out of the receive loop: a message that does not decode, whatever the error, is one
