@@ -165,9 +165,9 @@ def test_the_page_shows_each_services_traffic_window() -> None:
     assert numbers["rate"][0] > 0 and numbers["requests"][0] % len(PROMPTS) == 0
     isl_mean, *isl_q = numbers["isl"]
     assert isl_mean == 1875
-    assert all(close(got, want, 0.045) for got, want in zip(isl_q, (1000, 4000, 4000), strict=True)), isl_q
+    assert isl_q == pytest.approx([1000, 4000, 4000], rel=0.045)
     assert numbers["osl"][0] == 200
-    assert all(close(got, want, 0.045) for got, want in zip(numbers["ttft"], (100, 5000, 5000), strict=True))
-    assert all(close(got, want, 0.045) for got, want in zip(numbers["itl"], (20, 80, 80), strict=True))
+    assert numbers["ttft"] == pytest.approx([100, 5000, 5000], rel=0.045)
+    assert numbers["itl"] == pytest.approx([20, 80, 80], rel=0.045)
     assert re.fullmatch(r"75\.0 % \(\d+\) · 50\.0 % \(\d+\)", cells["attainment"]), cells["attainment"]
     check_window(shown)
