@@ -32,8 +32,9 @@ from planner.ingest.subscriber import LinkStats, LinkTotals
 from planner.ingest.traffic import TrafficWindows
 from planner.service.metrics import PlannerMetrics
 from planner.service.perf_feed import PerfFeed
-from planner.shard.membership import membership_parts, membership_subject
+from planner.shard.membership import membership_due, membership_parts, membership_subject
 from planner.shard.merge import SummaryMerger
+from planner.shard.partition import partition
 from planner.shard.process import SummaryListener, summary_subject
 
 __all__ = ["ShardSummarySource", "ShardedIngest"]
@@ -136,6 +137,7 @@ class ShardedIngest:
         wall_clock: Callable[[], float],
         leader_name: str | None = None,
         max_part_bytes: int = 48 * 1024,
+        membership_repeat_s: float = 10.0,
     ) -> None:
         self.store: FleetStore = source.store
         self.source = source
@@ -148,6 +150,11 @@ class ShardedIngest:
         self.membership_bytes = 0
         self.membership_parts = 0
         self.membership_shards: tuple[str, ...] = ()
+        self.membership_reason: str | None = None  # why the last one went out (membership_due)
+        self.membership_repeat_s = membership_repeat_s
+        self._published_workers: Mapping[str, WorkerRecord] | None = None
+        # the partition of the published workers over the published shards (what each shard should report)
+        self._owned: dict[str, frozenset[str]] = {}
 
     def attach_traffic(self, traffic: TrafficWindows) -> None:
         """Nothing feeds the FPM traffic windows in this mode: the samples stay in the shards."""
@@ -180,11 +187,28 @@ class ShardedIngest:
         return snapshot
 
     def after_discovery(self, workers: Mapping[str, WorkerRecord], *, leader: bool) -> None:
-        """The leader publishes the discovered workers and the live shard set (in parts under the payload cap)."""
+        """The leader publishes the discovered workers and the live shard set (in parts under the payload cap)
+        when they changed, a live shard does not report what the partition gives it, or every
+        ``membership_repeat_s`` (:func:`~planner.shard.membership.membership_due`); the registry hands the same
+        mapping while discovery is unchanged."""
         if not leader:
             return
         wall_now = self.wall_clock()
         shards = self.shards.live_shards(wall_now)
+        with self.shards.lock:
+            summaries = self.shards.merger.summaries()
+        reason = membership_due(
+            now=wall_now,
+            published_at=self.membership_published_at,
+            repeat_s=self.membership_repeat_s,
+            workers_changed=workers is not self._published_workers,
+            shards=shards,
+            published_shards=self.membership_shards,
+            owned=self._owned,
+            summaries=summaries,
+        )
+        if reason is None:
+            return
         self.membership_seq += 1
         parts = membership_parts(
             leader=self.leader_name,
@@ -200,6 +224,10 @@ class ShardedIngest:
             self.membership_bytes = sum(map(len, parts))
             self.membership_parts = len(parts)
             self.membership_shards = tuple(shards)
+            self.membership_reason = reason
+            if workers is not self._published_workers or set(self._owned) != set(shards):
+                self._owned = {s: frozenset(ws) for s, ws in partition(workers, shards).items()} if shards else {}
+            self._published_workers = workers
 
     def diagnostics(self) -> dict[str, Any]:
         """``mode``, every shard heard from (age of its newest summary, live or stale, what it owns) and the
@@ -235,5 +263,6 @@ class ShardedIngest:
                 "parts": self.membership_parts,
                 "bytes": self.membership_bytes,
                 "shards": list(self.membership_shards),
+                "reason": self.membership_reason,
             },
         }

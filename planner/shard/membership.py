@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from planner.discovery import Role, WorkerRecord
+from planner.shard.summary import ShardSummary
 from planner.transport.subjects import escape
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "MembershipAssembler",
     "decode_membership",
     "encode_membership",
+    "membership_due",
     "membership_parts",
     "membership_subject",
 ]
@@ -124,6 +126,38 @@ def membership_parts(
         )
         for i, group in enumerate(groups)
     ]
+
+
+def membership_due(
+    *,
+    now: float,
+    published_at: float | None,
+    repeat_s: float,
+    workers_changed: bool,
+    shards: Sequence[str],
+    published_shards: Sequence[str],
+    owned: Mapping[str, frozenset[str]],
+    summaries: Mapping[str, ShardSummary],
+) -> str | None:
+    """Why the leader must publish its membership at ``now`` (wall clock), or None: the shards follow the last one.
+
+    Due when nothing was published yet, the workers or the live shard set changed, ``repeat_s`` passed since the
+    last one, or a live shard's summary taken after the last publish does not hold the workers the partition
+    gives it (``owned``: a shard restarted, or it missed a part: NATS delivery is at most once)."""
+    if published_at is None:
+        return "first"
+    if workers_changed:
+        return "workers_changed"
+    if tuple(shards) != tuple(published_shards):
+        return "shards_changed"
+    if now - published_at >= repeat_s:
+        return "repeat"
+    for shard in shards:
+        summary = summaries.get(shard)
+        if summary is not None and summary.taken_at > published_at:
+            if frozenset(summary.workers) != owned.get(shard, frozenset()):
+                return "shard_behind"
+    return None
 
 
 class MembershipAssembler:

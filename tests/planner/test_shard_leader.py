@@ -17,10 +17,12 @@ from planner.shard.membership import (
     MembershipAssembler,
     decode_membership,
     encode_membership,
+    membership_due,
     membership_parts,
     membership_subject,
 )
 from planner.shard.process import summary_wildcard
+from planner.shard.summary import ShardSummary
 
 
 def fleet(n: int, dp: int) -> dict[str, WorkerRecord]:
@@ -134,3 +136,49 @@ def test_the_shard_process_follows_the_leader_unless_given_a_workers_file_and_it
     cmd += ["--namespace", "prod", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr
+
+
+def _summary(shard_id: str, workers: tuple[str, ...], taken_at: float) -> ShardSummary:
+    return ShardSummary(
+        shard_id=shard_id,
+        seq=1,
+        taken_at=taken_at,
+        ttl_s=10.0,
+        workers=workers,
+        dp_size=(1,) * len(workers),
+        fresh=b"\x01" * len(workers),
+        load={},
+        drops={},
+        drops_by_worker={},
+        seen={},
+        received=0,
+    )
+
+
+def test_the_leader_republishes_only_on_a_change_a_shard_behind_or_the_repeat_interval() -> None:
+    owned = {"s0": frozenset({"w0", "w2"}), "s1": frozenset({"w1"})}
+    steady = {"s0": _summary("s0", ("w2", "w0"), 101.0), "s1": _summary("s1", ("w1",), 101.0)}
+
+    def due(**kw: object) -> str | None:
+        args: dict[str, object] = {
+            "now": 102.0,
+            "published_at": 100.0,
+            "repeat_s": 10.0,
+            "workers_changed": False,
+            "shards": ["s0", "s1"],
+            "published_shards": ("s0", "s1"),
+            "owned": owned,
+            "summaries": steady,
+        }
+        args.update(kw)
+        return membership_due(**args)  # type: ignore[arg-type]
+
+    assert due() is None  # every live shard reports its partition: nothing to say
+    assert due(published_at=None) == "first"
+    assert due(workers_changed=True) == "workers_changed"
+    assert due(shards=["s0", "s1", "s2"]) == "shards_changed"
+    assert due(now=110.0) == "repeat"
+    # s1 restarted (or missed a part): its summary since the publish holds nothing
+    assert due(summaries={**steady, "s1": _summary("s1", (), 101.5)}) == "shard_behind"
+    # a summary taken before the publish may still show the old partition: not a reason
+    assert due(summaries={**steady, "s1": _summary("s1", (), 99.0)}) is None

@@ -199,6 +199,14 @@ def _covered_by(served: Served, shards: list[str]) -> bool:
     )
 
 
+def _partitioned(served: Served, owners: dict[str, list[str]]) -> bool:
+    """Each shard reports the workers the partition gives it, and every worker is healthy."""
+    document = _diagnostics(served)
+    reported = {s["shard_id"]: s["workers"] for s in document["ingest"]["shards"]}
+    healthy = [w["classification"] == "healthy" for w in document["workers"]]
+    return reported == {s: len(owners[s]) for s in owners} and len(healthy) == len(DP) and all(healthy)
+
+
 def _decisions(served: Served) -> list[dict[str, Any]]:
     response = served.http.get("/v1/decisions", params={"role": "decode", "limit": 1000}, headers=AUTH)
     response.raise_for_status()
@@ -229,17 +237,11 @@ def test_the_service_decides_from_shard_processes_that_join_and_leave_and_never_
             # s1 joins: it starts owning nothing, the leader hears it and gives it its partition
             procs["s1"] = _shard_process(server, "s1")
             wait_for(lambda: _covered_by(served, ["s0", "s1"]), timeout_s=60)
-            wait_for(
-                lambda: (
-                    {s["shard_id"]: s["workers"] for s in _diagnostics(served)["ingest"]["shards"]}
-                    == {s: len(owners[s]) for s in SHARDS}
-                ),
-                timeout_s=30,
-            )
+            # the rendezvous partition over both, every worker healthy again (a moved one once its new owner heard it)
+            wait_for(lambda: _partitioned(served, owners), timeout_s=30)
             document = _diagnostics(served)
             assert document["ingest"]["mode"] == "sharded"
             assert {w["worker_id"]: len(w["ranks"]) for w in document["workers"]} == DP
-            assert all(w["classification"] == "healthy" for w in document["workers"])
 
             # a decision made on full coverage has the load the publishers sent, summed over every rank
             def full_decision() -> dict[str, Any] | None:
