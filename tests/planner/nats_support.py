@@ -25,10 +25,19 @@ def nats_server_binary() -> str:
     return found
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on 127.0.0.1 that this process has not been given before (the kernel may hand the same
+    ephemeral port to two calls in a row while neither is bound yet)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:

@@ -21,11 +21,19 @@ TOKEN = "test-token-7f3a-0123456789abcdef0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free TCP port on 127.0.0.1 that this process has not been given before (the kernel may hand the same
+    ephemeral port to two calls in a row while neither is bound yet)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05) -> Any:
