@@ -12,8 +12,12 @@ correction)``: a shortfall tightens the limit (more replicas), an attainment abo
 (fewer). Anti-windup: the correction stays in ``[-max_relax_frac, max_tighten_frac]``, and it does not tighten
 while the capacity it would ask for cannot come (an action in flight, or the last decision capped below its
 recommendation) and for one attainment window after an action in flight settled: a window still full of
-misses from before the capacity arrived must not wind it up. With no
-usable observation (unknown, or fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
+misses from before the capacity arrived must not wind it up. Nor while the requests reported in the window that
+arrived before the last action in flight settled (their TTFT longer than the time since, read from the observed
+TTFT p50/p90/p99: at least 50 / 10 / 1 % of them) are most of the window or may account for all of its misses:
+they queued on the engines up then, and no capacity decided now serves them (prompt_shift: one tick after the
+hold, a window of such misses wound the correction to its bound). With no usable observation (unknown, or
+fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
 
 Pure: ``now`` is an argument; the state is :class:`FeedbackState`, kept in the service's
 :class:`planner.core.state.ServiceState`.
@@ -42,6 +46,9 @@ class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
     # Until when tightening stays frozen after an action in flight settled: the attainment window still holds
     # the misses of requests that arrived before the new capacity served.
     hold_until: float | None = None
+    # The last tick an action was in flight: capacity came after it. A request reported later with a TTFT longer
+    # than the time since arrived before (it queued on the engines up then, which no later capacity relieves).
+    in_flight_at: float | None = None
 
 
 class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,6 +100,17 @@ _PRIORITY = ("clamped", "frozen", "tighten", "relax", "decay")
 _DEFAULT_WINDOW_S = 30.0  # the attainment window when the traffic does not say
 
 
+def _share_arrived_before(traffic: Traffic, age_s: float) -> float:
+    """A lower bound on the share of the window's reported requests that arrived more than ``age_s`` ago (TTFT
+    longer than that), from the observed TTFT percentiles: 0.5 past the p50, 0.1 past the p90, 0.01 past the
+    p99, else 0."""
+    age_ms = max(age_s, 0.0) * 1000.0
+    for share, value in ((0.5, traffic.ttft_ms_p50), (0.1, traffic.ttft_ms_p90), (0.01, traffic.ttft_ms_p99)):
+        if value is not None and value > age_ms:
+            return share
+    return 0.0
+
+
 def update_feedback(
     state: FeedbackState,
     traffic: Traffic | None,
@@ -108,10 +126,25 @@ def update_feedback(
     t = traffic or Traffic()
     window_s = t.window_s if t.window_s is not None else _DEFAULT_WINDOW_S
     hold_until = now + window_s if in_flight else state.hold_until
+    in_flight_at = now if in_flight else state.in_flight_at
+    before = 0.0 if in_flight or in_flight_at is None else _share_arrived_before(t, now - in_flight_at)
     frozen = in_flight or state.capped or (hold_until is not None and now < hold_until)
+    # Misses of requests that arrived while capacity was coming say nothing about the capacity now: while such
+    # requests are most of the window (past its TTFT p50), or may be all of its misses (their share at least the
+    # shortfall), the loop does not tighten on them.
+    for attained in (t.ttft_attainment_frac, t.itl_attainment_frac):
+        if before > 0 and attained is not None and (before >= 0.5 or 1.0 - attained <= before):
+            frozen = True
     ttft, ttft_how = _one(state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen)
     itl, itl_how = _one(state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen)
-    new = FeedbackState(ttft_frac=ttft, itl_frac=itl, last_at=now, capped=state.capped, hold_until=hold_until)
+    new = FeedbackState(
+        ttft_frac=ttft,
+        itl_frac=itl,
+        last_at=now,
+        capped=state.capped,
+        hold_until=hold_until,
+        in_flight_at=in_flight_at,
+    )
     hows = {ttft_how, itl_how} - {""}
     if not hows and ttft == 0.0 and itl == 0.0:
         return FeedbackUpdate(state=new, reason=None, detail="")
@@ -125,5 +158,11 @@ def update_feedback(
         parts.append(f"{name} headroom {value:+.3f} ({moved or 'held'}; observed {seen})")
     detail = f"goal {cfg.attainment_goal:.0%}: " + ", ".join(parts)
     if frozen and "frozen" in hows:
-        detail += "; not tightening while capacity cannot come (in flight or capped)"
+        if in_flight or state.capped or (hold_until is not None and now < hold_until):
+            detail += "; not tightening while capacity cannot come (in flight or capped)"
+        else:
+            detail += (
+                f"; not tightening: at least {before:.0%} of the requests reported arrived before the capacity"
+                f" came {now - (in_flight_at or now):.0f} s ago"
+            )
     return FeedbackUpdate(state=new, reason=_REASONS.get(how, Reason.SLA_FEEDBACK_HELD), detail=detail)

@@ -43,6 +43,41 @@ def test_no_tightening_while_capacity_cannot_come() -> None:
     assert update_feedback(capped, observed(1.0), 5.0, CFG, in_flight=True).state.itl_frac < 0.2
 
 
+def _late(ttft_attained: float, p50_ms: float, p90_ms: float, p99_ms: float) -> Traffic:
+    return Traffic(
+        ttft_attainment_frac=ttft_attained,
+        ttft_samples_in_window=200,
+        ttft_ms_p50=p50_ms,
+        ttft_ms_p90=p90_ms,
+        ttft_ms_p99=p99_ms,
+        window_s=10.0,
+    )
+
+
+def test_misses_of_requests_that_arrived_before_the_capacity_came_do_not_wind_it_up() -> None:
+    """prompt_shift, cold: a scale-up was in flight until t=100; at t=115 (past the one-window hold) the window's
+    requests still report TTFTs of 16-18 s: they arrived while the capacity was coming and queued on the engines up
+    then. Before, their 81 % of misses wound the TTFT correction to its bound in one tick (3 -> 7 replicas). Now
+    it holds, with the reason; misses of requests that arrived after the capacity came (TTFTs shorter than the
+    time since) still tighten it, and a few late ones (past the p99 only) do not explain a large shortfall."""
+    state = FeedbackState(ttft_frac=-0.27, last_at=95.0)
+    state = update_feedback(state, _late(0.0, 12_000, 13_000, 14_000), 100.0, CFG, in_flight=True).state
+    state = update_feedback(state, _late(0.0, 13_000, 14_000, 15_000), 105.0, CFG, in_flight=False).state
+    late = update_feedback(state, _late(0.19, 16_000, 17_000, 18_000), 115.0, CFG, in_flight=False)
+    assert late.state.ttft_frac == -0.27
+    assert late.reason == Reason.SLA_FEEDBACK_FROZEN
+    assert "arrived before the capacity came 15 s ago" in late.detail
+    # TTFTs shorter than the 15 s since: these requests arrived after the capacity came; the loop tightens.
+    now = update_feedback(state, _late(0.19, 3_000, 6_000, 9_000), 115.0, CFG, in_flight=False)
+    assert now.state.ttft_frac > -0.27
+    # Only the p99 is older: at most ~1 % predate the capacity, not the 30 % missed.
+    few = update_feedback(state, _late(0.7, 3_000, 6_000, 20_000), 115.0, CFG, in_flight=False)
+    assert few.state.ttft_frac > -0.27
+    # ... but they may be all of a 1 % shortfall.
+    tiny = update_feedback(state, _late(0.99, 3_000, 6_000, 20_000), 115.0, CFG, in_flight=False)
+    assert tiny.state.ttft_frac <= -0.27
+
+
 @pytest.mark.parametrize("traffic", [None, observed(None), observed(0.5, samples=3)])
 def test_without_a_usable_observation_the_correction_decays(traffic: Traffic | None) -> None:
     state = FeedbackState(itl_frac=0.3, ttft_frac=-0.1, last_at=0.0)
