@@ -13,6 +13,10 @@ rate; and the leader tells the shards whom to ingest.
   every discovery refresh the leader publishes the discovered workers and the live shard set (the shards whose
   summaries are fresh) on ``fpm-shard.<ns>.membership.v1`` (:mod:`planner.shard.membership`); the shards
   (``python -m planner.shard`` without ``--workers-file``) follow it. Followers publish nothing.
+- FPM traffic: every tick, the shards' traffic counters (summary version 2) are differenced into the decider's
+  :class:`~planner.ingest.traffic.TrafficWindows` by a :class:`~planner.shard.traffic.TrafficDiffer`, so
+  ``Observation.traffic``, the diagnostics' ``traffic`` and a decision's explain read the same windows as on the
+  unsharded path, over every shard's samples (leader and followers alike, so a follower that takes over has them).
 
 The merger compares the shards' wall-clock stamps with this process's wall clock (the shards and the leader
 need clocks in step to well under ``max_summary_age_s``); the snapshot it hands the core is stamped on the
@@ -36,6 +40,7 @@ from planner.shard.membership import membership_due, membership_parts, membershi
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
 from planner.shard.process import SummaryListener, summary_subject
+from planner.shard.traffic import TrafficDiffer
 
 __all__ = ["ShardSummarySource", "ShardedIngest"]
 
@@ -155,9 +160,12 @@ class ShardedIngest:
         self._published_workers: Mapping[str, WorkerRecord] | None = None
         # the partition of the published workers over the published shards (what each shard should report)
         self._owned: dict[str, frozenset[str]] = {}
+        self.traffic: TrafficWindows | None = None
+        self.traffic_differ = TrafficDiffer(started_at=wall_clock())
 
     def attach_traffic(self, traffic: TrafficWindows) -> None:
-        """Nothing feeds the FPM traffic windows in this mode: the samples stay in the shards."""
+        """The shards' traffic counters feed ``traffic`` (the decider's windows), differenced every tick."""
+        self.traffic = traffic
 
     def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:
         self.source.set_workers(workers)
@@ -180,7 +188,12 @@ class ShardedIngest:
         metrics: PlannerMetrics,
         leader: bool,
     ) -> FleetSnapshot:
-        """The merged snapshot (no sample reaches this process: the perf models are not fed from it)."""
+        """The merged snapshot (no sample reaches this process: the perf models are not fed from it); the
+        shards' traffic since the last tick is added to the attached windows first."""
+        if self.traffic is not None:
+            with self.shards.lock:
+                summaries = self.shards.merger.summaries()
+            self.traffic_differ.feed(self.traffic, summaries.values(), wall_now=self.wall_clock(), local_now=now)
         snapshot = self.source.snapshot(now)
         metrics.observe_drops({str(k): v for k, v in snapshot.drops.items()})
         metrics.observe_links(self.source.link_totals())
@@ -249,6 +262,8 @@ class ShardedIngest:
                     "ranks": len(summary.fresh),
                     "ranks_fresh": summary.fresh.count(1),
                     "received": summary.received,
+                    "version": summary.version,
+                    "traffic_services": sorted(summary.traffic),
                 }
             )
         return {
@@ -256,6 +271,11 @@ class ShardedIngest:
             "max_summary_age_s": merger.max_summary_age_s,
             "shards": shards,
             "bad_summaries": self.shards.listener.bad_summaries,
+            "traffic": {
+                "summaries_applied": self.traffic_differ.applied,
+                "runs_baselined": self.traffic_differ.baselined,
+                "resets": self.traffic_differ.resets,
+            },
             "membership": {
                 "leader": self.leader_name,
                 "seq": self.membership_seq,

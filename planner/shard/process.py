@@ -4,7 +4,8 @@
 the current shard ids, subscribes to exactly their subjects (one ``fpm.<ns>.*.<worker>.*`` wildcard per owned
 worker: the shard's partition is a list of per-worker wildcards, so it agrees with the leader's hash by
 construction and a rebalance is a few subscribe/unsubscribe calls), feeds its own FleetStore through a
-:class:`~planner.transport.nats_source.NatsFpmSource`, and publishes a
+:class:`~planner.transport.nats_source.NatsFpmSource` (the FPM traffic extension of its samples counted per service
+by a :class:`~planner.shard.traffic.CumulativeTraffic`), and publishes a
 :class:`~planner.shard.summary.ShardSummary` on ``fpm-shard.<ns>.<shard_id>`` when asked (every tick).
 
 :class:`SummaryListener` is the leader's side: it subscribes to ``fpm-shard.<ns>.*`` and hands every decoded
@@ -38,6 +39,7 @@ from planner.shard.membership import MembershipAssembler, decode_membership, mem
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
 from planner.shard.summary import ShardSummary, decode_summary, encode_summary, summarize
+from planner.shard.traffic import CumulativeTraffic
 from planner.transport.nats_source import NatsFpmSource
 from planner.transport.subjects import escape, worker_wildcard
 from worker_shim.loop_thread import LoopThread
@@ -74,6 +76,9 @@ class IngestShard:
         self.shard_id = shard_id
         self.namespace = namespace
         self.store = FleetStore(ttl_s=ttl_s, window_size=window_size)
+        # the FPM traffic extension of every stored step sample, counted per service for the summaries
+        self.traffic = CumulativeTraffic()
+        self.store.traffic = self.traffic
         self.source = NatsFpmSource(
             self.store, servers=servers, namespace=namespace, user=user, password=password, subjects=(), clock=clock
         )
@@ -81,6 +86,7 @@ class IngestShard:
         self.clock = clock
         self.owned: tuple[str, ...] = ()
         self._seq = 0
+        self.run_started_at = wall_clock()  # this run's traffic counters start here (the leader differences them)
 
     def set_membership(self, workers: Mapping[str, WorkerRecord], shard_ids: Sequence[str]) -> None:
         """Follow discovery and the shard set: own this shard's partition, subscribe to exactly its subjects."""
@@ -103,7 +109,15 @@ class IngestShard:
         """This shard's state now."""
         self._seq += 1
         snapshot = self.source.snapshot(self.clock())
-        return summarize(self.shard_id, self._seq, snapshot, self.wall_clock(), self.source.received)
+        return summarize(
+            self.shard_id,
+            self._seq,
+            snapshot,
+            self.wall_clock(),
+            self.source.received,
+            traffic=self.traffic,
+            run_started_at=self.run_started_at,
+        )
 
     def publish_summary(self) -> ShardSummary | None:
         """Take a summary and publish it; None when NATS is not connected (the leader sees the summary age)."""

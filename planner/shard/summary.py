@@ -6,6 +6,13 @@ classification inputs (fresh ranks, the freshness of each rank), drop counters (
 for the workers whose endpoints had suspect drops only, what each of their endpoints last published under (so
 the leader can still name ``identity_not_synced``). Encoded as msgpack by msgspec; the leader refuses a summary
 it cannot decode.
+
+Version 2 adds the FPM traffic (:mod:`planner.shard.traffic`): ``run_started_at`` (the shard run's start on its
+wall clock) and ``traffic``, per service the cumulative counters of the traffic extension since that start
+(counts, sums and fixed log-bucket histograms, which add; never percentiles). Its size grows with the buckets
+seen, at most 641 per histogram, never with the sample rate. The leader reads versions 1 and 2: a version 1
+summary has no traffic (that shard's samples count for none), everything else in it is read as before. A
+version 1 leader refuses version 2 summaries, so upgrade the service before the shards.
 """
 
 from __future__ import annotations
@@ -13,10 +20,20 @@ from __future__ import annotations
 import msgspec
 
 from planner.ingest.store import DropReason, FleetSnapshot
+from planner.shard.traffic import CumulativeTraffic, ServiceTraffic, check_traffic
 
-__all__ = ["SUMMARY_VERSION", "SeenRecord", "ShardSummary", "decode_summary", "encode_summary", "summarize"]
+__all__ = [
+    "READS_VERSIONS",
+    "SUMMARY_VERSION",
+    "SeenRecord",
+    "ShardSummary",
+    "decode_summary",
+    "encode_summary",
+    "summarize",
+]
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
+READS_VERSIONS = (1, 2)  # what this leader decodes (1: no traffic)
 
 # Drops that make the leader look at a worker's endpoints (as reconcile does with the store's own counters).
 _SUSPECT = (
@@ -52,11 +69,26 @@ class ShardSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     drops_by_worker: dict[str, dict[str, int]]
     seen: dict[str, SeenRecord]  # endpoint -> what it last published under (suspect workers only)
     received: int  # messages the shard received
+    # version 2: the FPM traffic extension's counters since the run started (planner.shard.traffic)
+    run_started_at: float | None = None  # the shard run's start (wall clock); None: no traffic (version 1)
+    traffic: dict[str, ServiceTraffic] = msgspec.field(default_factory=dict)
 
 
-def summarize(shard_id: str, seq: int, snapshot: FleetSnapshot, taken_at: float, received: int) -> ShardSummary:
+def summarize(
+    shard_id: str,
+    seq: int,
+    snapshot: FleetSnapshot,
+    taken_at: float,
+    received: int,
+    *,
+    traffic: CumulativeTraffic | None = None,
+    run_started_at: float | None = None,
+) -> ShardSummary:
     """The summary of a shard's store snapshot (taken at the store's ``snapshot.now``; ``taken_at`` is the same
-    instant on the wall clock, which the leader compares across processes)."""
+    instant on the wall clock, which the leader compares across processes). ``traffic``: the shard's counters
+    (the store's traffic hook), sent with ``run_started_at`` (both or neither)."""
+    if (traffic is None) != (run_started_at is None):
+        raise ValueError("summarize: traffic and run_started_at go together")
     totals = snapshot.totals
     table = totals.table
     suspects = [wid for wid, per in snapshot.drops_by_worker.items() if any(per.get(reason) for reason in _SUSPECT)]
@@ -87,6 +119,8 @@ def summarize(shard_id: str, seq: int, snapshot: FleetSnapshot, taken_at: float,
         },
         seen=seen,
         received=received,
+        run_started_at=run_started_at,
+        traffic={} if traffic is None else traffic.totals(snapshot.now),
     )
 
 
@@ -104,9 +138,15 @@ def decode_summary(payload: bytes) -> ShardSummary:
         summary = _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ValueError(f"not a shard summary: {exc}") from exc
-    if summary.version != SUMMARY_VERSION:
-        raise ValueError(f"unsupported shard summary version {summary.version} (this leader reads {SUMMARY_VERSION})")
+    if summary.version not in READS_VERSIONS:
+        raise ValueError(
+            f"unsupported shard summary version {summary.version} (this leader reads {list(READS_VERSIONS)})"
+        )
     ranks = sum(summary.dp_size)
     if len(summary.dp_size) != len(summary.workers) or len(summary.fresh) != ranks:
         raise ValueError(f"shard summary {summary.shard_id!r}: workers, dp_size and fresh disagree in length")
+    try:
+        check_traffic(summary.traffic)
+    except ValueError as exc:
+        raise ValueError(f"shard summary {summary.shard_id!r}: {exc}") from exc
     return summary

@@ -14,7 +14,7 @@ from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import DropReason, FleetStore
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import owner, partition
-from planner.shard.summary import decode_summary, encode_summary, summarize
+from planner.shard.summary import SUMMARY_VERSION, decode_summary, encode_summary, summarize
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
 T0 = 1_700_000_000.0  # wall clock, as the shards stamp summaries
@@ -179,4 +179,4 @@ def test_a_summary_that_is_not_one_is_refused_with_a_clear_error() -> None:
     with pytest.raises(ValueError, match="disagree"):
         decode_summary(encode_summary(msgspec.structs.replace(good, fresh=b"\x01")))
     with pytest.raises(ValueError, match="version"):
-        decode_summary(encode_summary(msgspec.structs.replace(good, version=2)))
+        decode_summary(encode_summary(msgspec.structs.replace(good, version=SUMMARY_VERSION + 1)))
