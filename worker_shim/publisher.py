@@ -3,10 +3,16 @@
 The engine's step loop calls :meth:`FpmPublisher.publish`, which never blocks: when the queue is full the sample
 is dropped and counted. The thread assigns ``counter_id`` (one sequence for samples and heartbeats), stamps the
 *current* worker id (so :meth:`FpmPublisher.set_worker_id` applies to step samples and heartbeats alike), and
-sends an idle heartbeat when nothing was sent for ``heartbeat_interval_s``. Every message of one publisher run
-carries its ``run_id``, a random u64 drawn at :meth:`FpmPublisher.start`: a subscriber tells a restart (new run id,
-counter from 0) from loss by it. With ``curve`` (:class:`~worker_shim.curve.CurveServerKeys`) the socket is a CURVE
-server: only subscribers that know its public key (and, with ``allowed_clients_dir``, hold an allowed key) read.
+sends an idle heartbeat when nothing was sent for ``heartbeat_interval_s``. With ``send_interval_s`` > 0 it sends
+in bursts: whatever is queued goes out back to back at most every ``send_interval_s`` (a sample waits at most that
+long), so libzmq writes a burst in few TCP segments and a subscriber's I/O thread reads several messages per
+``recv`` and wake-up, instead of one each; every message is still ``[topic, seq, payload]`` of one step.
+:meth:`FpmPublisher.flush` and :meth:`FpmPublisher.close` send what is queued at once, and a burst due after the
+next heartbeat goes out at the heartbeat's time instead, so the longest silence stays ``heartbeat_interval_s``.
+Every message of one publisher run carries its ``run_id``, a random u64 drawn at :meth:`FpmPublisher.start`: a
+subscriber tells a restart (new run id, counter from 0) from loss by it. With ``curve``
+(:class:`~worker_shim.curve.CurveServerKeys`) the socket is a CURVE server: only subscribers that know its public
+key (and, with ``allowed_clients_dir``, hold an allowed key) read.
 """
 
 from __future__ import annotations
@@ -24,9 +30,18 @@ from worker_shim import fpm
 from worker_shim.curve import CurveServerKeys
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests, StepTraffic
 
-__all__ = ["DEFAULT_PORT_BASE", "FpmPublisher", "PublisherStats", "bind_endpoint", "new_run_id"]
+__all__ = [
+    "DEFAULT_PORT_BASE",
+    "DEFAULT_SEND_INTERVAL_S",
+    "FpmPublisher",
+    "PublisherStats",
+    "bind_endpoint",
+    "new_run_id",
+]
 
 DEFAULT_PORT_BASE = 20380
+#: Bursts at most every 50 ms: 2-5 steps per burst at 50-100 Hz, against a decision tick every 0.5-1 s and a 10 s TTL.
+DEFAULT_SEND_INTERVAL_S = 0.05
 
 
 def bind_endpoint(
@@ -74,6 +89,7 @@ class FpmPublisher:
         base_port: int = DEFAULT_PORT_BASE,
         endpoint: str | None = None,
         heartbeat_interval_s: float = 1.0,
+        send_interval_s: float = DEFAULT_SEND_INTERVAL_S,
         queue_size: int = 8192,
         topic: bytes = b"",
         sndhwm: int = 100_000,
@@ -83,11 +99,14 @@ class FpmPublisher:
     ) -> None:
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
+        if not 0 <= send_interval_s < float("inf"):
+            raise ValueError(f"send_interval_s must be a number >= 0, got {send_interval_s}")
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         self.dp_rank = dp_rank
         self.endpoint = endpoint or bind_endpoint(dp_rank, host=host, base_port=base_port)
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.send_interval_s = send_interval_s
         self.topic = topic
         self._worker_id = worker_id
         self._queue: queue.SimpleQueue[
@@ -105,6 +124,7 @@ class FpmPublisher:
         self._socket: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._hurry = threading.Event()  # flush() / close(): send the burst being gathered now
         self._error: BaseException | None = None
         self._sent = 0
         self._heartbeats = 0
@@ -152,6 +172,7 @@ class FpmPublisher:
         if self._thread is None:
             return
         self._queue.put(None)
+        self._hurry.set()
         self._thread.join(timeout_s)
         stuck = self._thread.is_alive()
         self._thread = None
@@ -202,12 +223,13 @@ class FpmPublisher:
             )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until the queue is empty (for tests and clean shutdown); False on timeout."""
+        """Send what is queued now (not at the next burst) and wait until the queue is empty; False on timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
                 if self._pending == 0:
                     return True
+            self._hurry.set()
             time.sleep(0.001)
         return False
 
@@ -234,37 +256,60 @@ class FpmPublisher:
             return
         self._socket = sock
         self._ready.set()
-        get = self._queue.get
-        next_heartbeat = time.monotonic() + self.heartbeat_interval_s
         try:
-            while True:
-                try:
-                    item = get(timeout=max(0.0, next_heartbeat - time.monotonic()))
-                except queue.Empty:
-                    beat = fpm.heartbeat(self._worker_id, self.dp_rank, self._counter, self.run_id)
-                    self._send(sock, beat, heartbeat=True)
-                    next_heartbeat = time.monotonic() + self.heartbeat_interval_s
-                    continue
-                if item is None:
-                    break
-                wall_time, scheduled, queued, traffic = item
-                sample = ForwardPassMetrics(
-                    worker_id=self._worker_id,
-                    dp_rank=self.dp_rank,
-                    counter_id=self._counter,
-                    run_id=self.run_id,
-                    wall_time=wall_time,
-                    scheduled_requests=scheduled,
-                    queued_requests=queued,
-                    traffic=traffic,
-                )
-                with self._lock:
-                    self._pending -= 1
-                self._send(sock, sample, heartbeat=False)
-                next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+            self._loop(sock)
         finally:
             sock.close()
             self._socket = None
+
+    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+        last_burst = float("-inf")
+        while True:
+            try:
+                item = get(timeout=max(0.0, next_heartbeat - time.monotonic()))
+            except queue.Empty:
+                beat = fpm.heartbeat(self._worker_id, self.dp_rank, self._counter, self.run_id)
+                self._send(sock, beat, heartbeat=True)
+                next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+                continue
+            if item is not None and self.send_interval_s > 0:
+                # Gather until the burst is due (or the heartbeat would be, or flush()/close() asks).
+                wait_s = min(last_burst + self.send_interval_s, next_heartbeat) - time.monotonic()
+                if wait_s > 0:
+                    self._hurry.wait(wait_s)
+            self._hurry.clear()
+            last_burst = time.monotonic()
+            while item is not None:  # this one and every one queued behind it, back to back
+                self._send_step(sock, item)
+                try:
+                    item = get_nowait()
+                except queue.Empty:
+                    break
+            if item is None:  # close(): everything queued before it is sent
+                return
+            next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+
+    def _send_step(
+        self,
+        sock: zmq.Socket[bytes],
+        item: tuple[float, ScheduledRequests, QueuedRequests, StepTraffic | msgspec.UnsetType],
+    ) -> None:
+        wall_time, scheduled, queued, traffic = item
+        sample = ForwardPassMetrics(
+            worker_id=self._worker_id,
+            dp_rank=self.dp_rank,
+            counter_id=self._counter,
+            run_id=self.run_id,
+            wall_time=wall_time,
+            scheduled_requests=scheduled,
+            queued_requests=queued,
+            traffic=traffic,
+        )
+        with self._lock:
+            self._pending -= 1
+        self._send(sock, sample, heartbeat=False)
 
     def _send(self, sock: zmq.Socket[bytes], sample: ForwardPassMetrics, *, heartbeat: bool) -> None:
         self._counter += 1
