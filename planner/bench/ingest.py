@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="paced mode: the subscriber's readiness (epoll on ZMQ_FD, or zmq.Poller as before issue 14)",
     )
+    paced.add_argument(
+        "--send-interval-s",
+        type=float,
+        default=None,
+        help="paced mode: each endpoint sends its due steps back to back once per S, as the shim's publisher"
+        " does (default: the publisher's default, 0.05 s; 0: one send per step)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
 
 
@@ -253,6 +260,7 @@ def _run_paced(args: argparse.Namespace) -> int:
             receive_path=args.receive_path,
             min_poll_interval_s=args.min_poll_interval_s,
             readiness=args.readiness,
+            **({} if args.send_interval_s is None else {"send_interval_s": args.send_interval_s}),
         )
     except ValueError as exc:
         print(f"fpm-planner bench ingest: {exc}", file=sys.stderr)

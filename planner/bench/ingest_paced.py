@@ -1,11 +1,14 @@
 """``fpm-planner bench ingest --endpoints N --hz M --seconds T``: the real subscriber at a paced, realistic rate.
 
 N endpoints (PUB sockets on loopback) publish one FPM step each at M Hz for T seconds, spread evenly over each
-period (an unsynchronized fleet, not bursts). They live in ``--publisher-procs`` child processes, each hosting
-many PUB sockets: on a small machine the publishers and the subscriber share the cores, so the publishers' own
-CPU is reported (``publisher_cpu_share``) and a run whose publishers could not keep the pace says so
-(``sent_samples_per_s`` below ``offered_samples_per_s``, ``publisher_max_lag_s``): a publisher behind schedule
-sends as fast as it can and stops at the end of the T seconds whatever it got through.
+period (an unsynchronized fleet, not bursts). ``--send-interval-s S`` emulates the shim's publisher sending in
+bursts (:class:`~worker_shim.publisher.FpmPublisher`, ``send_interval_s``, the publisher's default unless given):
+each endpoint sends the steps that fell due back to back once per S, the endpoints' bursts spread evenly over S.
+They live in ``--publisher-procs`` child processes, each hosting many PUB sockets: on a small machine the
+publishers and the subscriber share the cores, so the publishers' own CPU is reported (``publisher_cpu_share``)
+and a run whose publishers could not keep the pace says so (``sent_samples_per_s`` below
+``offered_samples_per_s``, ``publisher_max_lag_s``): a publisher behind schedule sends as fast as it can and stops
+at the end of the T seconds whatever it got through.
 
 This process runs the real :class:`~planner.ingest.subscriber.FpmSubscriber` receive thread into a
 :class:`~planner.ingest.store.FleetStore` (one SUB socket per endpoint, as in the service), and on its main
@@ -58,6 +61,7 @@ from planner.ingest.store import DropReason, FleetStore
 from planner.ingest.subscriber import FpmSubscriber
 from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+from worker_shim.publisher import DEFAULT_SEND_INTERVAL_S
 
 __all__ = ["measure_paced"]
 
@@ -100,9 +104,23 @@ def patchable(sample: ForwardPassMetrics) -> tuple[bytes, bytes]:
     return payload[: at + 1], payload[at + len(marker) :]
 
 
-def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn: Connection) -> None:
+def burst_sizes(hz: float, seconds: float, send_interval_s: float) -> tuple[float, list[int]]:
+    """The burst period and how many steps each endpoint sends back to back per burst, as
+    :class:`~worker_shim.publisher.FpmPublisher` with ``send_interval_s`` does: every ``max(send_interval_s, 1/hz)``
+    seconds, the steps that fell due since the last burst (``round(seconds * hz)`` in all)."""
+    total = max(1, round(seconds * hz))
+    burst_s = max(send_interval_s, 1.0 / hz)
+    bursts = max(1, round(seconds / burst_s))
+    due = [min(total, math.floor((r + 1) * burst_s * hz + 1e-9)) for r in range(bursts - 1)] + [total]
+    return burst_s, [b - a for a, b in zip([0, *due], due, strict=False)]
+
+
+def _publish_paced(
+    keys: list[tuple[str, int]], hz: float, seconds: float, send_interval_s: float, conn: Connection
+) -> None:
     """Child process: one PUB socket per ``(worker_id, dp_rank)``; heartbeats until "go", then one step per
-    socket per period for ``seconds``; reports what it sent, its CPU time and how far it fell behind.
+    socket per period for ``seconds`` (with ``send_interval_s`` > 1/hz, each socket's due steps back to back once
+    per ``send_interval_s``: :func:`burst_sizes`); reports what it sent, its CPU time and how far it fell behind.
 
     Each socket's step and heartbeat payloads are encoded once (:func:`patchable`); a message costs three
     ``send`` calls and one concatenation (``send_multipart`` and an encode per message cost ~5x that, and made
@@ -131,7 +149,7 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
             send(head + seq + tail)
     conn.recv()
     cpu0 = time.process_time()
-    period_s = 1.0 / hz
+    period_s, sizes = burst_sizes(hz, seconds, send_interval_s)
     slices = [
         list(zip(sends[i : i + _SLICE], steps[i : i + _SLICE], strict=True)) for i in range(0, len(socks), _SLICE)
     ]
@@ -139,11 +157,11 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
     sent = 0
     max_lag_s = 0.0
     start = time.monotonic()
-    rounds = max(1, round(seconds * hz))
+    rounds = len(sizes)
     end = start + rounds * period_s
-    for r in range(rounds):  # a publisher that cannot keep the pace stops at the end all the same
-        counter += 1
-        seq = counter.to_bytes(8, "big")
+    for r, size in enumerate(sizes):  # a publisher that cannot keep the pace stops at the end all the same
+        seqs = [(counter + k).to_bytes(8, "big") for k in range(1, size + 1)]
+        counter += size
         for j, members in enumerate(slices):
             now = time.monotonic()
             if now >= end:
@@ -154,10 +172,11 @@ def _publish_paced(keys: list[tuple[str, int]], hz: float, seconds: float, conn:
             elif lag > max_lag_s:
                 max_lag_s = lag
             for send, (head, tail) in members:
-                send(b"", more)
-                send(seq, more)
-                send(head + seq + tail)
-            sent += len(members)
+                for seq in seqs:
+                    send(b"", more)
+                    send(seq, more)
+                    send(head + seq + tail)
+            sent += len(members) * size
     elapsed = max(time.monotonic() - start, rounds * period_s)  # the last period counts in full
     conn.send({"sent": sent, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0, "max_lag_s": max_lag_s})
     conn.recv()
@@ -236,10 +255,13 @@ def measure_paced(
     receive_path: ReceivePath = "auto",
     min_poll_interval_s: float = 0.1,
     readiness: ReadinessKind = "auto",
+    send_interval_s: float = DEFAULT_SEND_INTERVAL_S,
 ) -> dict[str, Any]:
     """Run the paced publishers in child processes and the real subscriber + ticks here; returns the figures."""
     if endpoints < 1 or dp < 1 or endpoints % dp or hz <= 0 or seconds <= 0 or publisher_procs < 1:
         raise ValueError("need endpoints a positive multiple of dp, hz > 0, seconds > 0, publisher_procs >= 1")
+    if not 0 <= send_interval_s < seconds:
+        raise ValueError(f"need 0 <= send_interval_s < seconds, got {send_interval_s}")
     _raise_fd_limit()
     template = _fleet(endpoints, dp)
     keys = [(wid, rank) for wid, record in template.items() for rank in range(record.dp_size)]
@@ -251,7 +273,7 @@ def measure_paced(
     children = []
     for part in parts:
         parent, child = spawn.Pipe()
-        proc = spawn.Process(target=_publish_paced, args=(part, hz, seconds, child), daemon=True)
+        proc = spawn.Process(target=_publish_paced, args=(part, hz, seconds, send_interval_s, child), daemon=True)
         proc.start()
         pipes.append(parent)
         children.append(proc)
@@ -361,6 +383,7 @@ def measure_paced(
         "seconds": seconds,
         "publisher_procs": len(parts),
         "receive_path": sub.receive_path,
+        "send_interval_s": send_interval_s,
         "offered_samples_per_s": round(endpoints * hz),
         "sent": sent,
         "sent_samples_per_s": round(sent / pub_elapsed) if pub_elapsed > 0 else None,

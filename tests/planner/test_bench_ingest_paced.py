@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from planner.bench.ingest_paced import _sample, measure_paced, patchable
+from planner.bench.ingest_paced import _sample, burst_sizes, measure_paced, patchable
 from planner.cli import main
 from worker_shim import fpm
 
@@ -29,6 +29,17 @@ def test_every_paced_sample_is_stored_and_the_figures_are_all_there() -> None:
     assert figures["process_cpu_share"] >= figures["zmq_io_cpu_share"] >= 0
     assert figures["receive_rounds_per_s"] > 0 and figures["samples_per_round"] > 0
     assert figures["idle_receive_cpu_share"] >= 0 and figures["idle_round_cpu_ms"] >= 0
+
+
+def test_bursts_send_each_endpoints_due_steps_back_to_back_and_every_one_is_stored() -> None:
+    assert burst_sizes(50.0, 10.0, 0.0) == (0.02, [1] * 500)
+    assert burst_sizes(50.0, 10.0, 0.1) == (0.1, [5] * 100)
+    period_s, sizes = burst_sizes(50.0, 10.0, 0.05)  # 2.5 steps fall due per burst
+    assert period_s == 0.05 and sum(sizes) == 500 and set(sizes) == {2, 3}
+    figures = measure_paced(16, 40.0, 1.0, dp=8, window=64, tick_interval_s=0.25, send_interval_s=0.1)
+    assert figures["send_interval_s"] == 0.1 and 0 < figures["sent"] <= 16 * 40
+    assert figures["stored"] == figures["sent"] and figures["lost"] == 0  # seq and counter_id patched per step
+    assert figures["gaps"] == 0 and figures["drops_by_reason"] == {} and figures["loop_errors"] == 0
 
 
 def test_a_patched_payload_is_the_same_fpm_v1_sample_with_that_counter() -> None:
