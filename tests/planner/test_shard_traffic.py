@@ -4,6 +4,7 @@ leader into the same windows an unsharded store fills, checked against one store
 from __future__ import annotations
 
 import random
+import re
 
 import msgspec
 import pytest
@@ -12,11 +13,12 @@ from planner.core.observation import Traffic
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import FleetStore
 from planner.ingest.traffic import TrafficWindows
+from planner.shard import traffic_bench
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
 from planner.shard.summary import ShardSummary, decode_summary, encode_summary, summarize
 from planner.shard.traffic import CumulativeTraffic, TrafficDiffer
-from worker_shim.fpm import ForwardPassMetrics, ScheduledRequests, StepTraffic
+from worker_shim.fpm import HIST_MAX_BUCKET, ForwardPassMetrics, ScheduledRequests, StepTraffic
 from worker_shim.metrics import TrafficAccumulator
 
 OFFSET = 1_700_000_000.0  # wall clock = local (monotonic) clock + OFFSET
@@ -230,3 +232,15 @@ def test_a_summary_with_traffic_no_shard_can_send_is_refused_naming_it() -> None
     bad["traffic"]["decode"][2] = [-1, 0.0, {}]  # a negative count
     with pytest.raises(ValueError, match="not a shard summary"):
         decode_summary(msgspec.msgpack.encode(bad))
+
+
+def test_the_traffic_bench_prints_the_summary_size_and_cpu_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert traffic_bench.main(["--samples", "3000", "--shards", "2"]) == 0
+    out = capsys.readouterr().out
+    typical = re.search(r"after 3000 samples: buckets \[(\d+), (\d+), (\d+), (\d+)\], (\d+) bytes", out)
+    worst = re.search(r"worst case \(every bucket of every histogram\): (\d+) bytes", out)
+    assert typical is not None and worst is not None, out
+    assert all(0 < int(b) <= HIST_MAX_BUCKET + 1 for b in typical.groups()[:4])
+    assert 0 < int(typical.group(5)) < int(worst.group(1))
+    assert re.search(r"shard CPU per sample: empty extension [\d.]+ us, lognormal mix [\d.]+ us", out), out
+    assert re.search(r"leader CPU to difference 2 shards x 2 services: [\d.]+ ms", out), out
