@@ -18,7 +18,9 @@ never a sample, so the slot table is the store's own), then per tick:
   suspect drops carry what they last published under, so ``identity_not_synced`` is still named.
 
 ``ranks`` of the merged snapshot holds every discovered rank with its freshness (diagnostics still list every
-worker and rank); the samples themselves stay in the shards.
+worker and rank); the samples themselves stay in the shards. The FPM traffic counters the summaries carry are not
+merged here: :class:`~planner.shard.traffic.TrafficDiffer` adds their differences to the decider's traffic
+windows (where histograms add), read by the same code as on the unsharded path.
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ def _minus(cur: HistogramTotals, base: HistogramTotals) -> LogHistogram | None:
         return LogHistogram(count=cur.count, sum=cur.sum, buckets=dict(cur.buckets)) if cur.count else LogHistogram()
     if cur.count < base.count:
         return None
+    if cur.count == base.count:
+        return LogHistogram()  # nothing new (an idle service): the buckets are not walked
     buckets: dict[int, int] = {}
     for k, n in cur.buckets.items():
         d = n - base.buckets.get(k, 0)
