@@ -47,8 +47,14 @@ def test_fpm_traffic_reaches_the_core_diagnostics_and_metrics() -> None:
         # the core's default SLA for decode: TTFT 500 ms, ITL 50 ms: a quarter of the TTFTs miss it
         assert block["ttft_attainment_frac"] == 0.75 and block["itl_attainment_frac"] == 1.0
         assert block["request_rate_per_s"] > 0
-        observation = runner.decider.last_observation
-        assert observation is not None and observation.traffic[Role.DECODE].requests_in_window == 20
+
+        # The next tick reads what the diagnostics showed (a tick may have begun before the last burst arrived).
+        def observed() -> int:
+            observation = runner.decider.last_observation
+            traffic = observation.traffic.get(Role.DECODE) if observation is not None else None
+            return traffic.requests_in_window if traffic is not None else 0
+
+        assert wait_for(lambda: observed() == 20)
         metrics = served.http.get("/metrics").text
         assert 'fpm_planner_observed_attainment_frac{service="decode",target="ttft"} 0.75' in metrics
         assert 'fpm_planner_observed_isl_tokens{quantile="0.9",service="decode"} 1000.0' in metrics
