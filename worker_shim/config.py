@@ -9,6 +9,8 @@ variable                   default     meaning
 ``FPM_BIND_HOST``          ``*``       interface the publisher binds (``*`` = all; a pod IP, e.g. from the
                                        downward API, keeps FPM off the pod's other interfaces)
 ``FPM_HEARTBEAT_INTERVAL_S``  ``1.0``  idle heartbeat period, seconds
+``FPM_SEND_INTERVAL_S``    ``0.05``    the publisher sends what is queued in bursts at most this often (a sample
+                                       waits at most this long); 0: one send per step as it comes
 ``FPM_CURVE_SECRET_KEY_FILE``  ``""``  CURVE: the publisher's secret-key certificate (a mounted Secret); set,
                                        FPM is encrypted and only subscribers with its public key read it
 ``FPM_CURVE_CLIENTS_DIR``  ``""``      CURVE: a directory of the public-key certificates of the only
@@ -25,7 +27,7 @@ import msgspec
 
 from planner.errors import ConfigError
 from worker_shim.curve import CurveKeyError, CurveServerKeys
-from worker_shim.publisher import DEFAULT_PORT_BASE, bind_endpoint
+from worker_shim.publisher import DEFAULT_PORT_BASE, DEFAULT_SEND_INTERVAL_S, bind_endpoint
 
 __all__ = [
     "ENV_BIND_HOST",
@@ -33,6 +35,7 @@ __all__ = [
     "ENV_CURVE_SECRET_KEY_FILE",
     "ENV_HEARTBEAT_INTERVAL_S",
     "ENV_PORT_BASE",
+    "ENV_SEND_INTERVAL_S",
     "ENV_WORKER_ID",
     "ShimConfig",
 ]
@@ -41,6 +44,7 @@ ENV_WORKER_ID = "FPM_WORKER_ID"
 ENV_PORT_BASE = "FPM_PORT_BASE"
 ENV_BIND_HOST = "FPM_BIND_HOST"
 ENV_HEARTBEAT_INTERVAL_S = "FPM_HEARTBEAT_INTERVAL_S"
+ENV_SEND_INTERVAL_S = "FPM_SEND_INTERVAL_S"
 ENV_CURVE_SECRET_KEY_FILE = "FPM_CURVE_SECRET_KEY_FILE"
 ENV_CURVE_CLIENTS_DIR = "FPM_CURVE_CLIENTS_DIR"
 
@@ -52,6 +56,7 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
     port_base: int = DEFAULT_PORT_BASE
     bind_host: str = "*"
     heartbeat_interval_s: float = 1.0
+    send_interval_s: float = DEFAULT_SEND_INTERVAL_S
     curve_secret_key_file: str = ""
     curve_clients_dir: str = ""
 
@@ -62,6 +67,8 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{ENV_BIND_HOST} must be a host name, address or '*', got {self.bind_host!r}")
         if not math.isfinite(self.heartbeat_interval_s) or self.heartbeat_interval_s <= 0:
             raise ConfigError(f"{ENV_HEARTBEAT_INTERVAL_S} must be a number > 0, got {self.heartbeat_interval_s}")
+        if not math.isfinite(self.send_interval_s) or self.send_interval_s < 0:
+            raise ConfigError(f"{ENV_SEND_INTERVAL_S} must be a number >= 0, got {self.send_interval_s}")
         if self.worker_id != self.worker_id.strip():
             raise ConfigError(f"{ENV_WORKER_ID} must not start or end with whitespace, got {self.worker_id!r}")
         if self.curve_clients_dir and not self.curve_secret_key_file:
@@ -73,6 +80,7 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
         :class:`~planner.errors.ConfigError` naming the variable that does not validate."""
         port_text = env.get(ENV_PORT_BASE, "").strip()
         interval_text = env.get(ENV_HEARTBEAT_INTERVAL_S, "").strip()
+        send_text = env.get(ENV_SEND_INTERVAL_S, "").strip()
         try:
             port_base = int(port_text) if port_text else DEFAULT_PORT_BASE
         except ValueError as exc:
@@ -81,11 +89,16 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
             interval_s = float(interval_text) if interval_text else 1.0
         except ValueError as exc:
             raise ConfigError(f"{ENV_HEARTBEAT_INTERVAL_S} must be a number of seconds, got {interval_text!r}") from exc
+        try:
+            send_interval_s = float(send_text) if send_text else DEFAULT_SEND_INTERVAL_S
+        except ValueError as exc:
+            raise ConfigError(f"{ENV_SEND_INTERVAL_S} must be a number of seconds, got {send_text!r}") from exc
         return cls(
             worker_id=env.get(ENV_WORKER_ID, ""),
             port_base=port_base,
             bind_host=env.get(ENV_BIND_HOST, "").strip() or "*",
             heartbeat_interval_s=interval_s,
+            send_interval_s=send_interval_s,
             curve_secret_key_file=env.get(ENV_CURVE_SECRET_KEY_FILE, "").strip(),
             curve_clients_dir=env.get(ENV_CURVE_CLIENTS_DIR, "").strip(),
         )
@@ -111,6 +124,7 @@ class ShimConfig(msgspec.Struct, frozen=True, kw_only=True):
             ENV_PORT_BASE: str(self.port_base),
             ENV_BIND_HOST: self.bind_host,
             ENV_HEARTBEAT_INTERVAL_S: repr(self.heartbeat_interval_s),
+            ENV_SEND_INTERVAL_S: repr(self.send_interval_s),
             ENV_CURVE_SECRET_KEY_FILE: self.curve_secret_key_file,
             ENV_CURVE_CLIENTS_DIR: self.curve_clients_dir,
         }

@@ -80,6 +80,7 @@ class FpmSchedulerMixin:
             dp_rank=dp_rank,
             endpoint=config.endpoint(dp_rank),
             heartbeat_interval_s=config.heartbeat_interval_s,
+            send_interval_s=config.send_interval_s,
             curve=config.curve(),
         ).start()
 

@@ -348,14 +348,18 @@ def measure_paced(
     io_in_span = _zmq_io_cpu_s() - io0
     rounds_in_span = sub.rounds - rounds0
     reports = [pipe.recv() for pipe in pipes]
-    # Drain what is still queued (until every sample is stored, or nothing arrived for 3 s), then account.
+    # Drain what is still queued (until every sample is stored, or nothing arrived for 3 s over two whole receive
+    # rounds: a starved subscriber's round can outlast 3 s, and it counts what it received at the round's end), then
+    # account; 120 s at most.
     sent = sum(r["sent"] for r in reports)
-    last, quiet_since = -1, time.monotonic()
-    while time.monotonic() - quiet_since < 3.0 and stored_now() - stored0 < sent:
+    last, quiet_since, quiet_rounds, drain_end = -1, time.monotonic(), sub.rounds, time.monotonic() + 120
+    while stored_now() - stored0 < sent and time.monotonic() < drain_end:
+        if time.monotonic() - quiet_since >= 3.0 and sub.rounds - quiet_rounds >= 2:
+            break
         time.sleep(0.2)
         got = sub.received
         if got != last:
-            last, quiet_since = got, time.monotonic()
+            last, quiet_since, quiet_rounds = got, time.monotonic(), sub.rounds
     stored = stored_now() - stored0
     # Every endpoint connected and silent now (the publishers wait for "bye"): what waiting costs per round.
     idle_cpu0, idle_rounds0, idle_start = _thread_cpu_s(native_id), sub.rounds, time.monotonic()

@@ -21,6 +21,7 @@ def test_every_variable_is_read() -> None:
         "FPM_PORT_BASE": "21000",
         "FPM_BIND_HOST": "10.0.0.5",
         "FPM_HEARTBEAT_INTERVAL_S": "0.25",
+        "FPM_SEND_INTERVAL_S": "0",
         "UNRELATED": "x",
     }
     config = ShimConfig.from_env(env)
@@ -31,6 +32,7 @@ def test_every_variable_is_read() -> None:
         0.25,
     )
     assert config.endpoint(1) == "tcp://10.0.0.5:21001"
+    assert config.send_interval_s == 0.0 and ShimConfig.from_env({}).send_interval_s == 0.05
     assert ShimConfig.from_env(config.to_env()) == config
 
 
@@ -49,6 +51,9 @@ def test_empty_values_take_defaults() -> None:
         ({"FPM_HEARTBEAT_INTERVAL_S": "soon"}, "FPM_HEARTBEAT_INTERVAL_S"),
         ({"FPM_HEARTBEAT_INTERVAL_S": "0"}, "FPM_HEARTBEAT_INTERVAL_S"),
         ({"FPM_HEARTBEAT_INTERVAL_S": "nan"}, "FPM_HEARTBEAT_INTERVAL_S"),
+        ({"FPM_SEND_INTERVAL_S": "-0.1"}, "FPM_SEND_INTERVAL_S"),
+        ({"FPM_SEND_INTERVAL_S": "often"}, "FPM_SEND_INTERVAL_S"),
+        ({"FPM_SEND_INTERVAL_S": "inf"}, "FPM_SEND_INTERVAL_S"),
         ({"FPM_BIND_HOST": "a b"}, "FPM_BIND_HOST"),
         ({"FPM_WORKER_ID": " w-1"}, "FPM_WORKER_ID"),
     ],
