@@ -318,3 +318,43 @@ def test_the_traffic_window_is_a_role_setting() -> None:
     for bad in (0, -1, math.inf):
         with pytest.raises(CoreConfigError, match="traffic_window_s"):
             RoleConfig(traffic_window_s=bad)
+
+
+def test_replicas_still_starting_drain_no_queue(model: PerfModel) -> None:
+    """prompt_shift, cold: a queue on the one ready replica while three more are still starting. Counted with the
+    starting ones (4 x ~45k prefill tokens/s), 3M queued tokens drain in ~20 s, before a start-up: the core held
+    (``backlog_drains_before_startup``, 19 ticks in the scenario). The queue sits on the ready engine, and a
+    starting replica prefills nothing before its start-up: on the one ready replica it outlasts a start-up, and
+    the hold is lifted, and the scale-up in flight is raised to what the backlog left after a start-up needs
+    (``in_flight_raised_for_backlog``; before: ``action_in_flight``, no stacking, until all four were up)."""
+    rc = RoleConfig(mode=Mode.SLA, sla=SLA, max_replicas=64, startup_s=60.0)
+    config = CoreConfig(roles={Role.AGG: rc})
+    fleet = _agg_fleet(4)
+    fleet.deploy("agg", 4, ready=1)
+    starting = ("agg-1", "agg-2", "agg-3")
+    queue = Load(queued_prefill=3_000_000, prefill=2048, decode=20, kv=20 * 2100, queued_prompts=1500)
+    fleet.publish_all(0.0, queue, skip=starting)
+    traffic = Traffic(request_rate_per_s=8.0, isl_tokens=2000.0, osl_tokens=200.0)
+    _, d = fleet.tick(CoreState(), 0.0, config, {Role.AGG: traffic}, predictors={Role.AGG: model})
+    recommend = d["agg"].stages[0]
+    assert recommend.reason == Reason.SLA_NEEDS_MORE
+    assert recommend.replicas > 4
+    # and the scale-up in flight (1 of 4 ready) is raised to it: the queue on the ready engine outlasts a start-up
+    assert d["agg"].final_replicas == recommend.replicas
+    assert Reason.IN_FLIGHT_RAISED_FOR_BACKLOG in d["agg"].reasons
+    # all four up: the same queue drains on them within a start-up, the hold stands
+    fleet.deploy("agg", 4)
+    fleet.publish_all(5.0, Load(queued_prefill=3_000_000, prefill=2048, decode=20, kv=20 * 2100, queued_prompts=375))
+    _, d = fleet.tick(CoreState(), 5.0, config, {Role.AGG: traffic}, predictors={Role.AGG: model})
+    recommend = d["agg"].stages[0]
+    assert recommend.reason == Reason.BACKLOG_DRAINS_BEFORE_STARTUP
+    assert recommend.replicas == 4
+    assert "on 4 replicas" in recommend.detail
+    # and directly: the drain counts the ready replicas only
+    load = RoleLoad(queued_prefill_tokens=3e6, decode_requests=20, decode_kv_tokens=20 * 2100)
+    queued = msgspec.structs.replace(_reconciled(4), prefill_requests=1500.0)
+    held = recommend_sla(Role.AGG, 4, queued, load, traffic, model, SLA, 0.0, 256, startup_s=60.0)
+    assert held.reason == Reason.BACKLOG_DRAINS_BEFORE_STARTUP
+    up = recommend_sla(Role.AGG, 4, queued, load, traffic, model, SLA, 0.0, 256, startup_s=60.0, ready=1)
+    assert up.reason != Reason.BACKLOG_DRAINS_BEFORE_STARTUP
+    assert up.replicas > 4
