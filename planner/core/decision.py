@@ -113,7 +113,6 @@ class Reason(enum.StrEnum):
     ACTION_IN_FLIGHT = "action_in_flight"
     IN_FLIGHT_TARGET_RAISED = "in_flight_target_raised"
     IN_FLIGHT_RAISED_FOR_ARRIVALS = "in_flight_raised_for_arrivals"
-    IN_FLIGHT_RAISED_FOR_BACKLOG = "in_flight_raised_for_backlog"
     PENDING_TARGET_LOWERED = "pending_target_lowered"
     TARGET_NOT_REACHED = "target_not_reached"
     # gpu budget

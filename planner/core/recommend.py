@@ -142,7 +142,6 @@ def recommend_sla(
     attainment_goal: float = 0.99,
     min_samples: int = 20,
     tail_may_raise: bool = True,
-    ready: int | None = None,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -157,10 +156,8 @@ def recommend_sla(
     replicas arrive).
 
     Backlog-aware cap: a queued request stays on the engine that holds it (vLLM does not move it; the router
-    places only new arrivals), so replicas added for a backlog help only the arrivals. When the capacity up
-    (``ready`` replicas; None: all of ``current``) drains today's queue within one start-up — replicas still
-    starting drain none of it: it is queued on the ready engines, and they serve only after their start-up —
-    (arrivals counted at the longer of the traffic's mean prompt
+    places only new arrivals), so replicas added for a backlog help only the arrivals. When the capacity up or
+    coming drains today's queue within one start-up (arrivals counted at the longer of the traffic's mean prompt
     and the mean prompt in the engines now, which shows a shift to longer prompts before the traffic window
     does), a scale-up goes no further than what the arrivals need
     (``backlog_drains_before_startup``, a hold when the current count is enough); when the backlog outlasts a
@@ -350,19 +347,15 @@ def recommend_sla(
     arrivals: int | None = None
     if rate and (n is None or n > current):
         arrivals = first_meeting(lambda k: evaluate(k, True)[0], 1, search_hi)
-    # The queue is drained by the replicas up: it sits on their engines (a queued request is not moved), and a
-    # replica still starting serves nothing before its start-up (prompt_shift: counted, it held 19 ticks).
-    draining = current if ready is None else max(min(ready, current), 0)
     capped = _backlog_cap(
         n,
         current,
         queued_tokens=load.queued_prefill_tokens,
         # the prompts in the engines now (FPM) show a longer-prompt shift before the traffic window does
         arrival_tokens_per_s=(rate or 0.0) * max(isl, engine_isl),
-        capacity_tokens_per_s=tokens_per_s * draining * dp if draining > 0 else 0.0,
+        capacity_tokens_per_s=tokens_per_s * current * dp if current > 0 else 0.0,
         startup_s=startup_s,
         arrivals_need=arrivals,
-        draining=draining,
     )
     if capped is not None:
         count, reason, why = capped
@@ -441,13 +434,11 @@ def _backlog_cap(
     capacity_tokens_per_s: float,
     startup_s: float,
     arrivals_need: int | None,
-    draining: int | None = None,
 ) -> tuple[int, Reason, str] | None:
     """The backlog-aware cap of a scale-up (see :func:`recommend_sla`): None when it does not bind (no scale-up
     asked, no queue, no rate, no start-up delay or no capacity up), else (count, reason, detail).
     ``searched`` is the search's answer (None: no count met the SLA); ``arrivals_need`` the fewest replicas
-    meeting it for the arrivals alone, with no backlog (None: none); ``draining`` the replicas whose engines
-    hold the queue and drain it (``capacity_tokens_per_s`` is theirs; None: all of ``current``)."""
+    meeting it for the arrivals alone, with no backlog (None: none)."""
     if searched is not None and searched <= current:
         return None
     if current <= 0 or queued_tokens <= 0 or arrival_tokens_per_s <= 0 or startup_s <= 0:
@@ -460,8 +451,6 @@ def _backlog_cap(
     surplus = capacity_tokens_per_s - arrival_tokens_per_s
     drain_s = queued_tokens / surplus if surplus > 0 else math.inf
     backlog = f"{queued_tokens:.0f} queued prefill tokens"
-    up = current if draining is None else draining
-    on = f"{up} replicas" if up == current else f"{up} ready replicas ({current - up} still starting)"
     if drain_s <= startup_s:
         count = max(need, current)
         if searched is not None and count >= searched:
@@ -469,7 +458,7 @@ def _backlog_cap(
         return (
             count,
             Reason.BACKLOG_DRAINS_BEFORE_STARTUP,
-            f"{backlog} drain in {drain_s:.0f} s on {on}, before a start-up ({startup_s:.0f} s):"
+            f"{backlog} drain in {drain_s:.0f} s on {current} replicas, before a start-up ({startup_s:.0f} s):"
             f" {count} for the arrivals",
         )
     count = current + need
@@ -479,7 +468,7 @@ def _backlog_cap(
     return (
         count,
         Reason.BACKLOG_OUTLASTS_STARTUP,
-        f"{backlog} {drains} on {on}, past a start-up ({startup_s:.0f} s); queued requests stay"
+        f"{backlog} {drains} on {current} replicas, past a start-up ({startup_s:.0f} s); queued requests stay"
         f" there: {current} + {need} for the arrivals",
     )
 

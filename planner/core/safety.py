@@ -100,7 +100,6 @@ def hold_in_flight(
     pending_timeout_s: float,
     raise_to: int | None = None,
     arrivals_raise_to: int | None = None,
-    backlog_raise_to: int | None = None,
 ) -> tuple[Clamped, tuple[Reason, ...]]:
     """No stacking while an action is in flight. Returns the clamped value and extra (informational)
     reasons, e.g. ``target_not_reached`` when the target has been pending longer than
@@ -108,10 +107,7 @@ def hold_in_flight(
     it from the request rate's growth since the action was decided), ``in_flight_target_raised``.
     ``arrivals_raise_to``: the count the arrivals alone need (no backlog), when above the in-flight target: the
     target is raised to it (``in_flight_raised_for_arrivals``): a target that cannot serve the arrivals when it
-    is reached is not worth waiting for (a prompt-length shift at the same request rate). ``backlog_raise_to``:
-    the count SLA mode sized for the backlog that will remain after one start-up on the replicas up (the
-    backlog-aware cap let it stand: the queue outlasts a start-up), when above the in-flight target: raised to it
-    (``in_flight_raised_for_backlog``): the queue the target was sized for has grown past what it absorbs."""
+    is reached is not worth waiting for (a prompt-length shift at the same request rate)."""
     if deployment is None or not deployment.in_flight:
         return Clamped(replicas=value), ()
     waited_s = now - (in_flight_since if in_flight_since is not None else now)
@@ -119,19 +115,6 @@ def hold_in_flight(
     if waited_s >= pending_timeout_s and deployment.ready < deployment.desired:
         extra = (Reason.TARGET_NOT_REACHED,)
     ready = deployment.ready
-    if (
-        value > current
-        and backlog_raise_to is not None
-        and backlog_raise_to > max(current, raise_to or 0)
-        and backlog_raise_to >= (arrivals_raise_to or 0)
-    ):
-        raised = min(value, backlog_raise_to)
-        return Clamped(
-            replicas=raised,
-            reason=Reason.IN_FLIGHT_RAISED_FOR_BACKLOG,
-            detail=f"{ready} of {deployment.desired} ready, but the backlog left after a start-up needs"
-            f" {backlog_raise_to}: target raised to {raised}",
-        ), extra
     if value > current and arrivals_raise_to is not None and arrivals_raise_to > max(current, raise_to or 0):
         raised = min(value, arrivals_raise_to)
         return Clamped(

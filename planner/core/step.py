@@ -115,7 +115,6 @@ def _recommend(
     corrections: tuple[float, float] = (0.0, 0.0),
     startup_s: float = 0.0,
     tail_may_raise: bool = True,
-    ready: int | None = None,
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -138,7 +137,6 @@ def _recommend(
             attainment_goal=rc.sla_feedback.attainment_goal,
             min_samples=rc.sla_feedback.min_samples,
             tail_may_raise=tail_may_raise,
-            ready=ready,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -193,16 +191,7 @@ def _draft(
         extra: tuple[Reason, ...] = ()
     else:
         rec, extra = _recommend(
-            role,
-            rc,
-            current,
-            recon,
-            load,
-            traffic,
-            predictor,
-            startup_s=startup_s,
-            tail_may_raise=settled,
-            ready=ready,
+            role, rc, current, recon, load, traffic, predictor, startup_s=startup_s, tail_may_raise=settled
         )
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
@@ -224,9 +213,9 @@ def _draft(
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.state.ttft_frac, feedback.state.itl_frac)
         if corrections != (0.0, 0.0):
-            value = _recommend(
-                role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, ready
-            )[0].replicas
+            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled)[
+                0
+            ].replicas
         value = _stage(
             stages,
             reasons,
@@ -331,18 +320,8 @@ def _draft(
     startup_observed = measured_startup_s(sstate, in_flight, now)
     rate_now = traffic.request_rate_per_s if traffic is not None else None
     raise_to = in_flight_raise_to(rc, sstate, rate_now, in_flight, current)
-    # SLA mode sized this count for the backlog left after one start-up, and the backlog-aware cap let it stand
-    backlog_need = rec.replicas if rec.mode == Mode.SLA and rec.reason == Reason.SLA_NEEDS_MORE else None
     clamped, extra_in_flight = hold_in_flight(
-        value,
-        current,
-        deployment,
-        in_flight_since,
-        now,
-        rc.pending_timeout_s,
-        raise_to,
-        rec.arrivals_replicas,
-        backlog_need,
+        value, current, deployment, in_flight_since, now, rc.pending_timeout_s, raise_to, rec.arrivals_replicas
     )
     value = _stage(stages, reasons, Stage.IN_FLIGHT, clamped)
     reasons.extend(extra_in_flight)

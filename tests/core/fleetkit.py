@@ -52,22 +52,13 @@ class Load:
     """Per-rank load of one FPM sample."""
 
     def __init__(
-        self,
-        *,
-        queued_prefill: int = 0,
-        prefill: int = 0,
-        decode: int = 0,
-        kv: int = 0,
-        queued_decode: int = 0,
-        queued_prompts: int | None = None,
+        self, *, queued_prefill: int = 0, prefill: int = 0, decode: int = 0, kv: int = 0, queued_decode: int = 0
     ) -> None:
         self.queued_prefill = queued_prefill
         self.prefill = prefill
         self.decode = decode
         self.kv = kv
         self.queued_decode = queued_decode
-        # queued prefill requests (None: one when any prefill tokens are queued)
-        self.queued_prompts = queued_prompts
 
     @property
     def idle(self) -> bool:
@@ -87,11 +78,7 @@ class Load:
             parts(self.queued_decode),
             strict=True,
         )
-        prompts = parts(self.queued_prompts) if self.queued_prompts is not None else [None] * n
-        return [
-            Load(queued_prefill=a, prefill=b, decode=c, kv=d, queued_decode=e, queued_prompts=p)
-            for (a, b, c, d, e), p in zip(columns, prompts, strict=True)
-        ]
+        return [Load(queued_prefill=a, prefill=b, decode=c, kv=d, queued_decode=e) for a, b, c, d, e in columns]
 
 
 IDLE = Load()
@@ -184,9 +171,7 @@ class Fleet:
                     sum_decode_kv_tokens=load.kv,
                 ),
                 queued_requests=QueuedRequests(
-                    num_prefill_requests=(
-                        load.queued_prompts if load.queued_prompts is not None else 1 if load.queued_prefill else 0
-                    ),
+                    num_prefill_requests=1 if load.queued_prefill else 0,
                     sum_prefill_tokens=load.queued_prefill,
                     num_decode_requests=load.queued_decode,
                 ),
