@@ -68,3 +68,10 @@ def test_drain_mode_stores_exactly_each_partitions_samples_after_holding_the_sha
     for shard in got.values():
         assert shard["received_while_held"] == 0  # held: nothing was read before the release
         assert (shard["gaps"], shard["drops"], shard["slow_consumer_drops"], shard["reconnects"]) == (0, 0, 0, 0)
+
+
+def test_the_tick_mode_prints_its_figures_for_every_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tick", "--workers", "16", "--dp", "2", "--shards", "2", "--ticks", "3"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert (figures["bench"], figures["engines"], figures["shards"], figures["ticks"]) == ("shard-tick", 32, 2, 3)
+    assert figures["summary_bytes_per_tick"] > 0 and figures["tick_ms_p99"] >= figures["tick_ms_p50"] > 0
