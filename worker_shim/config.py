@@ -9,7 +9,7 @@ variable                   default     meaning
 ``FPM_BIND_HOST``          ``*``       interface the publisher binds (``*`` = all; a pod IP, e.g. from the
                                        downward API, keeps FPM off the pod's other interfaces)
 ``FPM_HEARTBEAT_INTERVAL_S``  ``1.0``  idle heartbeat period, seconds
-``FPM_SEND_INTERVAL_S``    ``0.05``    the publisher sends what is queued in bursts at most this often (a sample
+``FPM_SEND_INTERVAL_S``    ``0.1``     the publisher sends what is queued in bursts at most this often (a sample
                                        waits at most this long); 0: one send per step as it comes
 ``FPM_CURVE_SECRET_KEY_FILE``  ``""``  CURVE: the publisher's secret-key certificate (a mounted Secret); set,
                                        FPM is encrypted and only subscribers with its public key read it

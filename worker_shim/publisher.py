@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 DEFAULT_PORT_BASE = 20380
-#: Bursts at most every 50 ms: 2-5 steps per burst at 50-100 Hz, against a decision tick every 0.5-1 s and a 10 s TTL.
-DEFAULT_SEND_INTERVAL_S = 0.05
+#: Bursts at most every 100 ms: ~5 steps per burst at 50 Hz (the subscriber's libzmq then costs ~2 us per sample instead
+#: of 4-7), as long as the planner's own receive rounds, against a decision tick every 0.5-1 s and a 10 s TTL.
+DEFAULT_SEND_INTERVAL_S = 0.1
 
 
 def bind_endpoint(

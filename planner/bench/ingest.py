@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="paced mode: each endpoint sends its due steps back to back once per S, as the shim's publisher"
-        " does (default: the publisher's default, 0.05 s; 0: one send per step)",
+        " does (default: the publisher's default, 0.1 s; 0: one send per step)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line (the only output format)")
 

@@ -32,7 +32,7 @@ def test_every_variable_is_read() -> None:
         0.25,
     )
     assert config.endpoint(1) == "tcp://10.0.0.5:21001"
-    assert config.send_interval_s == 0.0 and ShimConfig.from_env({}).send_interval_s == 0.05
+    assert config.send_interval_s == 0.0 and ShimConfig.from_env({}).send_interval_s == 0.1
     assert ShimConfig.from_env(config.to_env()) == config
 
 
