@@ -240,7 +240,8 @@ def test_the_traffic_bench_prints_the_summary_size_and_cpu_figures(capsys: pytes
     typical = re.search(r"after 3000 samples: buckets \[(\d+), (\d+), (\d+), (\d+)\], (\d+) bytes", out)
     worst = re.search(r"worst case \(every bucket of every histogram\): (\d+) bytes", out)
     assert typical is not None and worst is not None, out
-    assert all(0 < int(b) <= HIST_MAX_BUCKET + 1 for b in typical.groups()[:4])
+    buckets = [int(b) for b in typical.groups()[:4]]
+    assert len(buckets) == 4 and all(0 < b <= HIST_MAX_BUCKET + 1 for b in buckets)
     assert 0 < int(typical.group(5)) < int(worst.group(1))
     assert re.search(r"shard CPU per sample: empty extension [\d.]+ us, lognormal mix [\d.]+ us", out), out
     assert re.search(r"leader CPU to difference 2 shards x 2 services: [\d.]+ ms", out), out
