@@ -204,7 +204,7 @@ def test_capped_at_max_with_a_predicted_miss_is_an_event_a_condition_and_a_gauge
     with K8sApiEmulator() as emu:
         emu.put(deployment("decode", 1))
         base = config(emu)
-        sla_core = {"roles": {"decode": {"service": "decode", "mode": "sla", "sla": {"itl_ms": 30}, "max_replicas": 1}}}
+        sla_core = {"roles": {"decode": {"service": "decode", "mode": "sla", "sla": {"itl_ms": 15}, "max_replicas": 1}}}
         perf = msgspec.structs.replace(base.perf_model, profile_dir=str(PROFILE))  # the measured profile: ready
         runner, _ = build_runner(msgspec.structs.replace(base, core=sla_core, perf_model=perf), {})  # pods: none
         port = free_port()
@@ -216,7 +216,7 @@ def test_capped_at_max_with_a_predicted_miss_is_an_event_a_condition_and_a_gauge
             served.http.put("/v1/workers/w-0", json=registration([endpoint]), headers=AUTH).raise_for_status()
             stop = threading.Event()
 
-            def feed() -> None:  # a decode engine far beyond what one replica serves within 30 ms ITL
+            def feed() -> None:  # a decode engine far beyond what one replica serves within 15 ms ITL
                 while not stop.wait(0.02):
                     publisher.publish(
                         0.03,
