@@ -652,7 +652,7 @@ class FleetStore:
         if route[0] != sample.worker_id or route[1] != sample.dp_rank:
             return self._unattributed(endpoint, sample)
         # The endpoint's own worker and rank: the id is discovered and the rank within its dp_size.
-        if fpm.invalid_fields(sample) or not self._plausible(sample):
+        if not self._valid(sample):
             return self.drop(DropReason.INVALID_VALUE, endpoint)
         if now - received_at > self.ttl_s:
             return self.drop(DropReason.STALE, endpoint)
@@ -711,14 +711,21 @@ class FleetStore:
                 self.traffic.add(self._workers[route[0]].service, sample.traffic, received_at)
         return None
 
-    def _plausible(self, sample: ForwardPassMetrics) -> bool:
-        """Every count within :attr:`limits` (C-level comparisons: this runs for every sample)."""
-        return (
-            all(map(operator.le, astuple(sample.scheduled_requests) + astuple(sample.queued_requests), self._bounds))
-            and sample.wall_time <= self._max_wall_time_s
-            and sample.counter_id <= _U64_MAX
+    def _valid(self, sample: ForwardPassMetrics) -> bool:
+        """Nothing an engine cannot produce (:func:`worker_shim.fpm.invalid_fields`: negative, NaN or infinite
+        numbers) and every count within :attr:`limits`, in one pass of C-level comparisons (this runs for every
+        sample): NaN and +inf fail the comparison with the limit, a negative count (-inf too) the minimum."""
+        counts = astuple(sample.scheduled_requests) + astuple(sample.queued_requests)
+        if not (
+            all(map(operator.le, counts, self._bounds))
+            and min(counts) >= 0
+            and 0.0 <= sample.wall_time <= self._max_wall_time_s
+            and 0 <= sample.counter_id <= _U64_MAX
             and 0 <= sample.run_id <= _U64_MAX
-        )
+            and sample.dp_rank >= 0
+        ):
+            return False
+        return sample.traffic is msgspec.UNSET or not fpm.invalid_fields(sample)  # the extension's histograms
 
     def _unattributed(self, endpoint: str, sample: ForwardPassMetrics) -> DropReason:
         """The drop for a sample that is not its endpoint's own worker and rank (first match wins)."""
@@ -728,7 +735,7 @@ class FleetStore:
         record = self._workers.get(wid)
         if record is None:
             return self.drop(DropReason.UNKNOWN_WORKER, endpoint)
-        if fpm.invalid_fields(sample) or not self._plausible(sample) or sample.dp_rank >= record.dp_size:
+        if not self._valid(sample) or sample.dp_rank >= record.dp_size:
             return self.drop(DropReason.INVALID_VALUE, endpoint)
         return self.drop(DropReason.FOREIGN_ENDPOINT, endpoint)
 
@@ -750,10 +757,8 @@ class FleetStore:
     def rank_view(self, worker_id: str, dp_rank: int, now: float) -> RankView:
         """One rank read now (not from a snapshot)."""
         slot = self._table.slot(worker_id, dp_rank)
-        if slot is None:
-            record = self._workers.get(worker_id)
-            endpoint = record.fpm_endpoints[dp_rank] if record and 0 <= dp_rank < record.dp_size else ""
-            return RankView(worker_id, dp_rank, endpoint, False, None, None, None, None, 0, 0, 0, 0, 0)
+        if slot is None:  # not a discovered rank (every discovered rank has a slot): no endpoint to name
+            return RankView(worker_id, dp_rank, "", False, None, None, None, None, 0, 0, 0, 0, 0)
         cols = _RankColumns(self._seen_at, self._latest, self._active, self._samples, self._heartbeats, self._counts)
         return cols.view(self._table, slot, now, now - self._seen_at[slot] <= self.ttl_s)
 
