@@ -94,6 +94,10 @@ class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ttl_s: PositiveFloat = 10.0
     window_size: PositiveInt = 256
     max_msg_bytes: PositiveInt = 64 * 1024
+    # transport: zmq: the subscriber's shortest time between receive rounds (each round drains every ready socket).
+    # Longer rounds gather more messages per socket and cost less CPU per sample, for up to that much more delay
+    # before a sample is stored (docs/fleet_scale.md: 0.2 s with FPM_SEND_INTERVAL_S=0.2 at 4,096 endpoints).
+    round_interval_s: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.1
     limits: FpmLimits = FpmLimits()  # plausibility limits on FPM counts (beyond one: dropped as invalid_value)
     transport: Transport = Transport.ZMQ  # zmq: one SUB per endpoint (default) | nats: see docs/fleet_scale.md
     nats: NatsSettings = NatsSettings()  # with transport: nats (servers, namespace, user, password_file)

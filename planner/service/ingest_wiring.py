@@ -129,7 +129,12 @@ def build_ingest(config: IngestConfig, *, wall_clock: Callable[[], float] = time
     # ZMQ (default): the subscriber owns its ZMQ context, with the socket limit raised for large fleets.
     # NATS (ingest.transport: nats): the same store fed from NATS subjects (planner.transport).
     source = make_ingest_source(
-        store, config.transport, config.nats, max_msg_bytes=config.max_msg_bytes, curve=config.curve_keys()
+        store,
+        config.transport,
+        config.nats,
+        max_msg_bytes=config.max_msg_bytes,
+        curve=config.curve_keys(),
+        round_interval_s=config.round_interval_s,
     )
     return Ingest(store, source)
 

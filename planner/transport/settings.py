@@ -71,11 +71,13 @@ def make_ingest_source(
     *,
     max_msg_bytes: int,
     curve: CurveClientKeys | None = None,
+    round_interval_s: float = 0.1,
 ) -> IngestSource:
-    """The source ``transport`` names (``curve``: the ZMQ path's CURVE keys; NATS authenticates by user);
-    raises :class:`ConfigError` for NATS settings that cannot work."""
+    """The source ``transport`` names (``curve``: the ZMQ path's CURVE keys; NATS authenticates by user;
+    ``round_interval_s``: the ZMQ subscriber's shortest time between receive rounds); raises
+    :class:`ConfigError` for NATS settings that cannot work."""
     if transport is Transport.ZMQ:
-        return FpmSubscriber(store, max_msg_bytes=max_msg_bytes, curve=curve)
+        return FpmSubscriber(store, max_msg_bytes=max_msg_bytes, curve=curve, min_poll_interval_s=round_interval_s)
     if not nats.servers or not nats.namespace:
         raise ConfigError("ingest.nats: servers and namespace must not be empty with transport: nats")
     password = None

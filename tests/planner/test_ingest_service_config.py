@@ -52,3 +52,19 @@ def test_a_missing_curve_key_file_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"ingest\.curve_server_public_key_file .*nope") as raised:
         config.ingest.curve_keys()
     assert isinstance(raised.value.__cause__, CurveKeyError)
+
+
+def test_the_subscriber_runs_its_rounds_at_the_configured_interval(tmp_path: Path) -> None:
+    config_file = tmp_path / "planner.yaml"
+    config_file.write_text("ingest: {round_interval_s: 0.25}\n")
+    config = load_config(config_file, {"FPM_PLANNER_TOKEN": TOKEN})
+    with serve(config) as served:
+        assert served.runner.subscriber.min_poll_interval_s == 0.25
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5"])
+def test_a_round_interval_outside_0_to_1_s_refuses_to_start(tmp_path: Path, value: str) -> None:
+    config_file = tmp_path / "planner.yaml"
+    config_file.write_text(f"ingest: {{round_interval_s: {value}}}\n")
+    with pytest.raises(ConfigError, match=r"ingest\.round_interval_s: expected float (>=|<=) (0|1)\.0"):
+        load_config(config_file, {"FPM_PLANNER_TOKEN": TOKEN})
