@@ -46,7 +46,9 @@ import resource
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import msgspec
@@ -63,7 +65,15 @@ from worker_shim import fpm
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 from worker_shim.publisher import DEFAULT_SEND_INTERVAL_S
 
-__all__ = ["measure_paced"]
+__all__ = [
+    "PacedPublishers",
+    "measure_paced",
+    "process_cpu_s",
+    "publisher_figures",
+    "raise_fd_limit",
+    "rss_mb",
+    "start_publishers",
+]
 
 _SLICE = 64  # sockets sent to back to back; a period is split into ceil(n / _SLICE) evenly spaced slices
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -185,6 +195,67 @@ def _publish_paced(
     ctx.term()
 
 
+@dataclass
+class PacedPublishers:
+    """The paced publisher child processes (:func:`start_publishers`): ``endpoints`` maps each ``(worker_id,
+    dp_rank)`` to the endpoint its PUB socket bound; they heartbeat until :meth:`go`, then publish paced."""
+
+    parts: list[list[tuple[str, int]]]
+    pipes: list[Connection]
+    children: list[BaseProcess]
+    endpoints: dict[tuple[str, int], str]
+
+    def go(self) -> None:
+        for pipe in self.pipes:
+            pipe.send("go")
+
+    def reports(self) -> list[dict[str, float]]:
+        """Blocks until every child finished its paced seconds: what each sent, its elapsed and CPU seconds."""
+        return [pipe.recv() for pipe in self.pipes]
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send("bye")
+        for proc in self.children:
+            proc.join(10)
+
+
+def start_publishers(
+    keys: list[tuple[str, int]], hz: float, seconds: float, send_interval_s: float, publisher_procs: int
+) -> PacedPublishers:
+    """Spawn ``publisher_procs`` children sharing ``keys`` (one PUB socket per key, :func:`_publish_paced`)."""
+    procs = min(publisher_procs, len(keys))
+    share = math.ceil(len(keys) / procs)
+    parts = [keys[i : i + share] for i in range(0, len(keys), share)]
+    spawn = mp.get_context("spawn")
+    pipes = []
+    children: list[BaseProcess] = []
+    for part in parts:
+        parent, child = spawn.Pipe()
+        proc = spawn.Process(target=_publish_paced, args=(part, hz, seconds, send_interval_s, child), daemon=True)
+        proc.start()
+        pipes.append(parent)
+        children.append(proc)
+    bound: dict[tuple[str, int], str] = {}
+    for part, pipe in zip(parts, pipes, strict=True):
+        bound.update(zip(part, pipe.recv(), strict=True))
+    return PacedPublishers(parts=parts, pipes=pipes, children=children, endpoints=bound)
+
+
+def publisher_figures(reports: list[dict[str, float]], endpoints: int, hz: float) -> dict[str, Any]:
+    """What the publishers offered and got through (``sent_samples_per_s`` below ``offered_samples_per_s``: they
+    could not keep the pace), their worst lag behind schedule and their CPU share."""
+    sent = sum(int(r["sent"]) for r in reports)
+    elapsed = max(r["elapsed_s"] for r in reports)
+    return {
+        "offered_samples_per_s": round(endpoints * hz),
+        "sent": sent,
+        "sent_samples_per_s": round(sent / elapsed) if elapsed > 0 else None,
+        "publisher_max_lag_s": round(max(r["max_lag_s"] for r in reports), 3),
+        "publisher_cpu_share": round(sum(r["cpu_s"] for r in reports) / elapsed, 3) if elapsed else None,
+    }
+
+
 def _stat_cpu_s(path: str) -> float:
     with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -195,7 +266,7 @@ def _thread_cpu_s(native_id: int) -> float:
     return _stat_cpu_s(f"/proc/self/task/{native_id}/stat")
 
 
-def _process_cpu_s() -> float:
+def process_cpu_s() -> float:
     """Every thread of this process (the receive thread, the ticks, libzmq's I/O threads)."""
     return _stat_cpu_s("/proc/self/stat")
 
@@ -213,7 +284,7 @@ def _zmq_io_cpu_s() -> float:
     return total
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -221,7 +292,7 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def _raise_fd_limit() -> None:
+def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -262,24 +333,11 @@ def measure_paced(
         raise ValueError("need endpoints a positive multiple of dp, hz > 0, seconds > 0, publisher_procs >= 1")
     if not 0 <= send_interval_s < seconds:
         raise ValueError(f"need 0 <= send_interval_s < seconds, got {send_interval_s}")
-    _raise_fd_limit()
+    raise_fd_limit()
     template = _fleet(endpoints, dp)
     keys = [(wid, rank) for wid, record in template.items() for rank in range(record.dp_size)]
-    procs = min(publisher_procs, len(keys))
-    share = math.ceil(len(keys) / procs)
-    parts = [keys[i : i + share] for i in range(0, len(keys), share)]
-    spawn = mp.get_context("spawn")
-    pipes = []
-    children = []
-    for part in parts:
-        parent, child = spawn.Pipe()
-        proc = spawn.Process(target=_publish_paced, args=(part, hz, seconds, send_interval_s, child), daemon=True)
-        proc.start()
-        pipes.append(parent)
-        children.append(proc)
-    bound: dict[tuple[str, int], str] = {}
-    for part, pipe in zip(parts, pipes, strict=True):
-        bound.update(zip(part, pipe.recv(), strict=True))
+    publishers = start_publishers(keys, hz, seconds, send_interval_s, publisher_procs)
+    bound = publishers.endpoints
     workers = {
         wid: WorkerRecord(
             worker_id=wid,
@@ -291,7 +349,7 @@ def measure_paced(
         )
         for wid, record in template.items()
     }
-    rss_before = _rss_mb()
+    rss_before = rss_mb()
     store = FleetStore(ttl_s=10.0, window_size=window)
     sub = FpmSubscriber(store, receive_path=receive_path, min_poll_interval_s=min_poll_interval_s, readiness=readiness)
     sub.set_workers(workers)
@@ -316,15 +374,14 @@ def measure_paced(
     native_id = next((t.native_id for t in threading.enumerate() if t.name == "fpm-subscriber"), None)
     if native_id is None:
         raise RuntimeError("the subscriber thread did not start")
-    cpu0, proc0, io0 = _thread_cpu_s(native_id), _process_cpu_s(), _zmq_io_cpu_s()
+    cpu0, proc0, io0 = _thread_cpu_s(native_id), process_cpu_s(), _zmq_io_cpu_s()
     rounds0 = sub.rounds
     config = CoreConfig(roles={Role.AGG: RoleConfig(min_replicas=1, max_replicas=2 * len(workers))})
     deployments = {"agg": DeploymentStatus(service="agg", desired=len(workers), ready=len(workers))}
     traffic = {Role.AGG: Traffic(request_rate_per_s=400.0, isl_tokens=3000, osl_tokens=300)}
     state = CoreState()
     tick_ms: list[float] = []
-    for pipe in pipes:
-        pipe.send("go")
+    publishers.go()
     start = time.monotonic()
     next_tick = start + tick_interval_s
     while True:
@@ -344,14 +401,14 @@ def measure_paced(
     held_span = time.monotonic() - start
     stored_in_span = stored_now() - stored0
     cpu_in_span = _thread_cpu_s(native_id) - cpu0
-    proc_in_span = _process_cpu_s() - proc0
+    proc_in_span = process_cpu_s() - proc0
     io_in_span = _zmq_io_cpu_s() - io0
     rounds_in_span = sub.rounds - rounds0
-    reports = [pipe.recv() for pipe in pipes]
+    reports = publishers.reports()
     # Drain what is still queued (until every sample is stored, or nothing arrived for 3 s over two whole receive
     # rounds: a starved subscriber's round can outlast 3 s, and it counts what it received at the round's end), then
     # account; 120 s at most.
-    sent = sum(r["sent"] for r in reports)
+    sent = sum(int(r["sent"]) for r in reports)
     last, quiet_since, quiet_rounds, drain_end = -1, time.monotonic(), sub.rounds, time.monotonic() + 120
     while stored_now() - stored0 < sent and time.monotonic() < drain_end:
         if time.monotonic() - quiet_since >= 3.0 and sub.rounds - quiet_rounds >= 2:
@@ -367,16 +424,12 @@ def measure_paced(
     idle_cpu = _thread_cpu_s(native_id) - idle_cpu0
     idle_rounds = sub.rounds - idle_rounds0
     idle_span = time.monotonic() - idle_start
-    rss = _rss_mb()
+    rss = rss_mb()
     with sub.lock:
         views = [store.rank_view(wid, rank, 0.0) for wid, rank in keys]
         drops = {str(r): n for r, n in store.drops.items() if n and r is not DropReason.STALE}
-    for pipe in pipes:
-        pipe.send("bye")
-    for proc in children:
-        proc.join(10)
+    publishers.close()
     sub.close()
-    pub_elapsed = max(r["elapsed_s"] for r in reports)
     return {
         "bench": "ingest",
         "mode": "paced",
@@ -385,14 +438,10 @@ def measure_paced(
         "dp": dp,
         "hz": hz,
         "seconds": seconds,
-        "publisher_procs": len(parts),
+        "publisher_procs": len(publishers.parts),
         "receive_path": sub.receive_path,
         "send_interval_s": send_interval_s,
-        "offered_samples_per_s": round(endpoints * hz),
-        "sent": sent,
-        "sent_samples_per_s": round(sent / pub_elapsed) if pub_elapsed > 0 else None,
-        "publisher_max_lag_s": round(max(r["max_lag_s"] for r in reports), 3),
-        "publisher_cpu_share": round(sum(r["cpu_s"] for r in reports) / pub_elapsed, 3) if pub_elapsed else None,
+        **publisher_figures(reports, endpoints, hz),
         "samples_per_s_held": round(stored_in_span / held_span),
         "stored": stored,
         "lost": sent - stored,
