@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Protocol
 
 from planner.discovery import WorkerRecord
@@ -143,12 +142,7 @@ def _sharded(config: IngestConfig, wall_clock: Callable[[], float]) -> ShardedIn
     nats = config.nats
     if not nats.servers or not nats.namespace:
         raise ConfigError("ingest.nats: servers and namespace must not be empty with shards.enabled")
-    password = None
-    if nats.password_file is not None:
-        try:
-            password = Path(nats.password_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"ingest.nats.password_file {nats.password_file!r}: {exc}") from exc
+    password = nats.password()
     merger = SummaryMerger(ttl_s=config.ttl_s, max_summary_age_s=config.shards.max_summary_age_s)
     listener = SummaryListener(
         merger, servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password

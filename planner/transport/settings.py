@@ -37,6 +37,15 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     user: str | None = None
     password_file: str | None = None
 
+    def password(self) -> str | None:
+        """The password ``password_file`` holds (None without one); :class:`ConfigError` when it cannot be read."""
+        if self.password_file is None:
+            return None
+        try:
+            return Path(self.password_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"ingest.nats.password_file {self.password_file!r}: {exc}") from exc
+
 
 class IngestSource(Protocol):
     """What the service uses of an ingest source, ZMQ or NATS."""
@@ -80,10 +89,6 @@ def make_ingest_source(
         return FpmSubscriber(store, max_msg_bytes=max_msg_bytes, curve=curve, min_poll_interval_s=round_interval_s)
     if not nats.servers or not nats.namespace:
         raise ConfigError("ingest.nats: servers and namespace must not be empty with transport: nats")
-    password = None
-    if nats.password_file is not None:
-        try:
-            password = Path(nats.password_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"ingest.nats.password_file {nats.password_file!r}: {exc}") from exc
-    return NatsFpmSource(store, servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password)
+    return NatsFpmSource(
+        store, servers=nats.servers, namespace=nats.namespace, user=nats.user, password=nats.password()
+    )
