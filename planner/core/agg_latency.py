@@ -144,7 +144,7 @@ def predict_agg_latency(
         )
 
     if observed_batch > limit_batch:
-        return saturated("max_num_seqs" if observed_batch <= budget - 1.0 else "token budget", observed_batch)
+        return saturated(_batch_limit(budget, max_num_seqs, kv_capacity_tokens, kv_per), observed_batch)
 
     def itl_given(assumed_ms: float) -> float:
         batch = max(observed_batch, rate * osl * assumed_ms / 1000.0)
