@@ -33,7 +33,7 @@ test:
 test-fast:
 	$(BIN)/python -m pytest -m "not vllm"
 
-# Mutation testing (mutmut) of planner/core, planner/ingest/store.py, worker_shim/fpm.py and perf_model, on a scratch
+# Mutation testing (mutmut) of planner/core, the ingest store, worker_shim/fpm.py and perf_model, on a scratch
 # copy of HEAD; writes docs/mutation-results.{md,json}. Slow (tens of minutes on two shared cores): not in `make test`.
 # See docs/testing.md.
 mutate:
@@ -43,7 +43,8 @@ mutate:
 # numbered ...0 (about 1 in 10); fails when one of them scores under 85 %.
 mutate-sample:
 	nice -n 15 $(BIN)/python scripts/mutate.py --jobs 2 --sample 0 --fail-under 85 \
-	  --files worker_shim/fpm.py planner/ingest/store.py planner/core/clamp.py planner/core/reconcile.py
+	  --files worker_shim/fpm.py planner/ingest/store.py planner/ingest/drops.py planner/ingest/slots.py \
+	  planner/ingest/views.py planner/core/clamp.py planner/core/reconcile.py
 
 lint:
 	$(BIN)/ruff check planner worker_shim perf_model tests

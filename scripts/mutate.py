@@ -55,7 +55,7 @@ GROUPS = (
     ),
     Group(
         "store",
-        ("planner/ingest/store.py",),
+        ("planner/ingest/store.py", "planner/ingest/drops.py", "planner/ingest/slots.py", "planner/ingest/views.py"),
         (
             "tests/planner/test_fleet_*.py",
             "tests/planner/test_store_*.py",
