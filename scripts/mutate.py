@@ -94,6 +94,8 @@ SAMPLE = {
     "planner/core/reconcile.py": "0",
     "planner/ingest/store.py": "0",
     "perf_model/model.py": "0",
+    "perf_model/fit.py": "0",  # fit.py and predictions.py: split out of model.py, the same mutants and sample
+    "perf_model/predictions.py": "0",
     "perf_model/bench.py": "0",
     "perf_model/step_timer.py": "0",
     "planner/core/config.py": "05",
