@@ -60,6 +60,7 @@ GROUPS = (
             "tests/planner/test_fleet_*.py",
             "tests/planner/test_store_*.py",
             "tests/planner/test_ingest_*.py",
+            "tests/planner/test_traffic_windows.py",  # the store feeds TrafficWindows
             "tests/core/test_core_reconcile.py",
             "tests/core/test_core_rows_reconcile.py",
             "tests/core/test_core_rows_threshold.py",

@@ -146,6 +146,8 @@ def test_counter_rules(row: CounterRow) -> None:
     stored = [c for c, d in zip(row.counters, row.drops, strict=True) if d is None]
     assert view.latest is not None and view.latest.counter_id == stored[-1]
     assert store.drops[DropReason.OUT_OF_ORDER] == row.drops.count(DropReason.OUT_OF_ORDER)
+    pinned = store.drops_by_worker.get("w1", {}).get(DropReason.OUT_OF_ORDER, 0)
+    assert pinned == row.drops.count(DropReason.OUT_OF_ORDER)  # a replay is pinned on the endpoint's worker
 
 
 def test_batched_drops_count_each_message_for_the_fleet_and_the_worker() -> None:
