@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -114,6 +115,10 @@ class PlannerRunner:
         self.ingest: TickIngest = build_ingest(config.ingest)
         self.store: FleetStore = self.ingest.store
         self.subscriber: IngestSource = self.ingest.source
+        # released by stop()/close() or when the runner is collected (sockets first: a ZMQ context the GC
+        # finalizes before its sockets blocks in term() forever); at exit pyzmq skips it, and so does this
+        self._release = weakref.finalize(self, self.ingest.close)
+        self._release.atexit = False
         self.registry = WorkerRegistry(
             config.discovery,
             sources=self.sources,
@@ -303,16 +308,21 @@ class PlannerRunner:
             asyncio.create_task(self._tick_loop(), name="planner-tick"),
         ]
 
+    def close(self) -> None:
+        """Release the ingest (its sockets and threads) of a runner never started or already stopped; once."""
+        self._release()
+
     async def stop(self) -> None:
-        """Stop the loops (a tick in progress finishes first) and close the subscriber."""
+        """Stop the loops (a tick in progress finishes first) and close the subscriber (also when never started)."""
         if not self._running:
+            self.close()
             return
         self._stop.set()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        await asyncio.to_thread(self.ingest.close)
+        await asyncio.to_thread(self._release)
         self._running = False
 
     @property
@@ -379,9 +389,7 @@ class PlannerRunner:
             snapshot = self.ingest.read(
                 self.now(), workers=self.registry.workers, perf=self.perf, metrics=self.metrics, leader=self.is_leader
             )
-            observation = self.decider.observe(
-                self.registry.workers, snapshot, status, self.registry.not_ready(self.now())
-            )
+            observation = self.observe(snapshot, status)
             decided = await self.tick_guard.decide(self.decider.decide, observation, snapshot.now, self.perf.predictors)
             if decided is None:  # held: nothing decided, nothing sent
                 self.ticks += 1
