@@ -101,6 +101,7 @@ SAMPLE = {
     "perf_model/step_timer.py": "0",
     "planner/core/config.py": "05",
     "planner/core/clamp.py": "05",
+    "planner/ingest/slots.py": "05",
     "planner/core/forecast.py": "05",
     "perf_model/profile.py": "05",
     "perf_model/synthetic.py": "05",
