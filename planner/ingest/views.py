@@ -32,7 +32,8 @@ __all__ = [
 
 
 class LoadField(enum.IntEnum):
-    """Index into :attr:`SlotColumns.load`: one count of each rank's newest message (heartbeats included)."""
+    """Index into the tuples of :attr:`FleetTotals.load`: one count of each rank's newest message (heartbeats
+    included)."""
 
     QUEUED_PREFILL_TOKENS = 0  # queued_requests.sum_prefill_tokens
     SCHEDULED_PREFILL_TOKENS = 1  # scheduled_requests.sum_prefill_tokens
