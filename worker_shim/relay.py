@@ -47,6 +47,7 @@ from nats.aio.client import Client
 from planner.transport.batch import FRAME_HEADER_BYTES, batch_subject, encode_batch, frame_overhead_bytes
 from planner.transport.subjects import subject
 from worker_shim.loop_thread import LoopThread
+from worker_shim.parent_watch import die_with_parent, parent_pid_from_env, watch_parent
 
 __all__ = ["FpmRelay", "RelayStats", "main"]
 
@@ -314,6 +315,15 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if (args.batch_ms is not None and args.batch_ms <= 0) or args.batch_max < 1:
         print("relay: --batch-ms must be > 0 and --batch-max >= 1", file=sys.stderr)
         return 2
+    # started by fpm-worker (its supervisor names itself): die with it, never run on orphaned
+    try:
+        parent_pid = parent_pid_from_env(environ)
+    except ValueError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 2
+    if parent_pid is not None and not die_with_parent(parent_pid):
+        print(f"relay: the process that started it (pid {parent_pid}) is gone: not starting", file=sys.stderr)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     relay = FpmRelay(
         endpoints=[f"tcp://{args.host}:{args.port_base + rank}" for rank in range(args.dp_size)],
@@ -332,7 +342,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
+        watch = None if parent_pid is None else asyncio.create_task(watch_parent(parent_pid, stopping))
         await relay.run(stopping)
+        if watch is not None:
+            stopping.set()
+            await watch
 
     asyncio.run(serve())
     return 0

@@ -10,6 +10,10 @@ The password goes to the child in ``$FPM_NATS_PASSWORD`` (never on its command l
 in ``$FPM_NATS_USER``. What was lost while the relay was down shows up on the planner as a ``counter_id`` gap of each
 rank (``gaps`` / ``lost_samples``), as any loss on the FPM path does; :attr:`RelaySupervisor.restarts` counts the
 restarts here.
+
+The child dies with ``fpm-worker``, a SIGKILL included (:mod:`worker_shim.parent_watch`: ``$FPM_RELAY_PARENT_PID``
+names this process; on Linux the kernel sends the relay SIGTERM when the supervisor's thread, which started it,
+ends; elsewhere the relay polls its parent id).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 from planner.errors import ConfigError
+from worker_shim.parent_watch import ENV_PARENT_PID
 
 __all__ = [
     "ENV_RELAY_NAMESPACE",
@@ -174,7 +179,8 @@ class RelaySupervisor:
         self.backoff_max_s = backoff_max_s
         self.stable_s = stable_s
         self.stop_timeout_s = stop_timeout_s
-        self._env = settings.child_env(os.environ if env is None else env)
+        # the child dies with this process (worker_shim.parent_watch): never an orphan after a SIGKILL
+        self._env = settings.child_env(os.environ if env is None else env) | {ENV_PARENT_PID: str(os.getpid())}
         self._log_path = log_path
         self._stop = threading.Event()
         self._lock = threading.Lock()
