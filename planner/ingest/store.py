@@ -115,6 +115,13 @@ class FleetStore:
         # Fed the FPM traffic extension of every stored step sample, under its worker's service (issue 13).
         self.traffic: TrafficWindows | None = None
 
+    def set_limits(self, limits: FpmLimits) -> None:
+        """Check every sample from now on against ``limits`` (an ingest shard told the planner's)."""
+        self.limits = limits
+        self._bounds = limits.bounds()
+        self._max_wall_time_s = limits.max_wall_time_s
+        self._max_jump = limits.max_counter_jump
+
     # -- discovery -------------------------------------------------------------------------------------------
 
     def set_workers(self, workers: Mapping[str, WorkerRecord]) -> None:

@@ -28,6 +28,7 @@ from planner.service.metrics import PlannerMetrics
 from planner.service.perf_feed import PerfFeed
 from planner.service.sharded_ingest import ShardedIngest, ShardSummarySource
 from planner.shard.merge import SummaryMerger
+from planner.shard.perf_points import PerfPointListener
 from planner.shard.process import SummaryListener
 from planner.transport.settings import IngestSource, make_ingest_source
 
@@ -148,4 +149,5 @@ def _sharded(config: IngestConfig, wall_clock: Callable[[], float]) -> ShardedIn
         merger, servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password
     )
     source = ShardSummarySource(merger, listener, namespace=nats.namespace, wall_clock=wall_clock)
-    return ShardedIngest(source, wall_clock=wall_clock)
+    points = PerfPointListener(servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password)
+    return ShardedIngest(source, wall_clock=wall_clock, limits=config.limits, perf_points=points)

@@ -1,14 +1,15 @@
 """The perf-model feed: one online :class:`~perf_model.model.PerfModel` per role, fed from the FleetStore.
 
 :class:`PerfFeed` is handed the store, the lock that guards it and the current workers by the runner each
-tick; it reads no clock (``now`` arrives as an argument) and never imports the runner.
+tick (:meth:`PerfFeed.feed`); in sharded mode the leader hands it the shards' training points instead
+(:meth:`PerfFeed.observe`). It reads no clock (``now`` arrives as an argument) and never imports the runner.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perf_model.api import PerfPredictor
@@ -71,6 +72,15 @@ class PerfFeed:
                 self._fed_at[key] = window[-1][0]
         for key in [k for k in self._fed_at if k[0] not in workers]:
             del self._fed_at[key]
+        self.observe(fresh, now)
+
+    def observe(self, fresh: Mapping[Role, Sequence[ForwardPassMetrics]], now: float) -> None:
+        """Offer the models ``fresh`` (per role, in publishing order per rank), then refit on their cadence: what
+        :meth:`feed` does with the store's samples, and the sharded leader with the shards' training points
+        (:mod:`planner.shard.perf_points`). A model that fails is reported in diagnostics and left out of this
+        tick (threshold mode)."""
+        if not self.models:
+            return
         try:
             for role, samples in fresh.items():
                 self.models[role].observe_many(samples, now)

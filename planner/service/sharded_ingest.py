@@ -17,6 +17,10 @@ rate; and the leader tells the shards whom to ingest.
   :class:`~planner.ingest.traffic.TrafficWindows` by a :class:`~planner.shard.traffic.TrafficDiffer`, so
   ``Observation.traffic``, the diagnostics' ``traffic`` and a decision's explain read the same windows as on the
   unsharded path, over every shard's samples (leader and followers alike, so a follower that takes over has them).
+- Perf model: the membership carries the planner's FPM limits (``ingest.limits``: the shards check every sample
+  against them) and the fleet-wide rate of perf-model training points; the shards forward that many of their step
+  samples (:mod:`planner.shard.perf_points`), and every tick the points of workers in the current membership are
+  fed to the same :class:`~planner.service.perf_feed.PerfFeed` as on the unsharded path (leader and followers).
 
 The merger compares the shards' wall-clock stamps with this process's wall clock (the shards and the leader
 need clocks in step to well under ``max_summary_age_s``); the snapshot it hands the core is stamped on the
@@ -31,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from planner.discovery import WorkerRecord
+from planner.ingest.drops import FpmLimits
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.ingest.subscriber import LinkStats, LinkTotals
 from planner.ingest.traffic import TrafficWindows
@@ -39,6 +44,7 @@ from planner.service.perf_feed import PerfFeed
 from planner.shard.membership import membership_due, membership_parts, membership_subject
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
+from planner.shard.perf_points import DEFAULT_PERF_POINTS_PER_S, PerfPointListener, attribute
 from planner.shard.process import SummaryListener, summary_subject
 from planner.shard.traffic import TrafficDiffer
 
@@ -143,6 +149,9 @@ class ShardedIngest:
         leader_name: str | None = None,
         max_part_bytes: int = 48 * 1024,
         membership_repeat_s: float = 10.0,
+        limits: FpmLimits | None = None,
+        perf_points: PerfPointListener | None = None,
+        perf_points_per_s: float = DEFAULT_PERF_POINTS_PER_S,
     ) -> None:
         self.store: FleetStore = source.store
         self.source = source
@@ -162,6 +171,11 @@ class ShardedIngest:
         self._owned: dict[str, frozenset[str]] = {}
         self.traffic: TrafficWindows | None = None
         self.traffic_differ = TrafficDiffer(started_at=wall_clock())
+        self.limits = limits  # the planner's ingest.limits, sent to the shards in the membership
+        self.perf_points = perf_points  # the shards' training points (None: not taken, the shards send none)
+        self.perf_points_per_s = perf_points_per_s if perf_points is not None else 0.0
+        self.points_fed = 0
+        self.points_unattributed = 0  # points of a worker not in the membership (or a rank beyond its DP size)
 
     def attach_traffic(self, traffic: TrafficWindows) -> None:
         """The shards' traffic counters feed ``traffic`` (the decider's windows), differenced every tick."""
@@ -175,9 +189,13 @@ class ShardedIngest:
 
     def start(self) -> None:
         self.source.start()
+        if self.perf_points is not None:
+            self.perf_points.start()
 
     def close(self) -> None:
         self.source.close()
+        if self.perf_points is not None:
+            self.perf_points.close()
 
     def read(
         self,
@@ -188,8 +206,13 @@ class ShardedIngest:
         metrics: PlannerMetrics,
         leader: bool,
     ) -> FleetSnapshot:
-        """The merged snapshot (no sample reaches this process: the perf models are not fed from it); the
-        shards' traffic since the last tick is added to the attached windows first."""
+        """The merged snapshot (no sample reaches this process); the shards' traffic since the last tick is added
+        to the attached windows first, and their training points of workers in ``workers`` feed ``perf``."""
+        if self.perf_points is not None:
+            fresh, refused = attribute(self.perf_points.take(), workers)
+            self.points_fed += sum(map(len, fresh.values()))
+            self.points_unattributed += refused
+            perf.observe(fresh, now)
         if self.traffic is not None:
             with self.shards.lock:
                 summaries = self.shards.merger.summaries()
@@ -230,6 +253,8 @@ class ShardedIngest:
             shards=shards,
             workers=workers,
             max_part_bytes=self.max_part_bytes,
+            limits=self.limits,
+            perf_points_per_s=self.perf_points_per_s,
         )
         subject = membership_subject(self.shards.namespace)
         if all(self.shards.listener.publish(subject, part) for part in parts):
@@ -284,5 +309,18 @@ class ShardedIngest:
                 "bytes": self.membership_bytes,
                 "shards": list(self.membership_shards),
                 "reason": self.membership_reason,
+                "limits_sent": self.limits is not None,
             },
+            "perf_points": self._perf_points(),
+        }
+
+    def _perf_points(self) -> dict[str, Any]:
+        listener = self.perf_points
+        return {
+            "rate_per_s": self.perf_points_per_s,
+            "received": 0 if listener is None else listener.points_received,
+            "fed": self.points_fed,
+            "unattributed": self.points_unattributed,
+            "dropped_full": 0 if listener is None else listener.dropped_full,
+            "bad_messages": 0 if listener is None else listener.bad_messages,
         }

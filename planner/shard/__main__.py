@@ -21,6 +21,12 @@ re-read when it changes) and the shard set (``--shards``, or a file of one shard
 changes: shards come and go by editing it, e.g. a ConfigMap) and follows them.
 
 Either way it publishes its summary on ``fpm-shard.<ns>.<shard_id>`` every ``--summary-interval-s``.
+
+Following the leader, the membership also carries the planner's settings a shard must share: its FPM limits
+(``ingest.limits``, applied to the shard's store as they arrive: a sample the planner would refuse as
+``invalid_value`` is refused by the shard too) and the fleet-wide rate of perf-model training points, of which the
+shard forwards its share after every summary on ``fpm-shard.<ns>.perf.v1.<shard_id>``
+(:mod:`planner.shard.perf_points`). From a file there is no leader to follow: the default limits, no points.
 SIGTERM/SIGINT stop it. Exit status 2 for bad arguments or a file that cannot be read at start.
 """
 
@@ -38,6 +44,8 @@ from pathlib import Path
 
 from planner.discovery import StaticFileDiscovery, WorkerRecord
 from planner.errors import DiscoveryError
+from planner.ingest.drops import FpmLimits
+from planner.shard.perf_points import PointPicker, encode_perf_points, perf_points_subject
 from planner.shard.process import IngestShard, MembershipFollower
 
 __all__ = ["main"]
@@ -160,13 +168,19 @@ def _follow_leader(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     follower.start()
     next_summary_at = time.monotonic()
     applied: tuple[dict[str, WorkerRecord], tuple[str, ...]] | None = None
+    forwarder = _PointForwarder(shard)
     try:
         while not stop.is_set():
             membership = follower.take()
+            if membership is not None:
+                with follower.lock:  # the settings of the newest complete membership
+                    limits, forwarder.rate_per_s = follower.assembler.limits, follower.assembler.perf_points_per_s
+                _apply_limits(shard, limits)
             if membership is not None and membership != applied:  # the leader repeats itself every second
                 applied = membership
                 workers, shard_ids = membership
                 shard.follow(workers, shard_ids)
+                forwarder.follow(workers, shard.owned, shard_ids)
                 log.info(
                     "shard %s owns %d of %d workers (live shards %s)",
                     args.shard_id,
@@ -177,12 +191,47 @@ def _follow_leader(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             now = time.monotonic()
             if now >= next_summary_at:
                 shard.publish_summary()
+                forwarder.publish(now)
                 next_summary_at = now + args.summary_interval_s
             follower.arrived.wait(max(0.0, next_summary_at - time.monotonic()))
     finally:
         follower.close()
         shard.close()
     return 0
+
+
+def _apply_limits(shard: IngestShard, limits: FpmLimits | None) -> None:
+    """The leader's FPM limits on the shard's store (None: the leader sent none: keep them)."""
+    if limits is not None and limits != shard.store.limits:
+        with shard.source.lock:
+            shard.store.set_limits(limits)
+        log.info("shard %s checks samples against the planner's limits %s", shard.shard_id, limits)
+
+
+class _PointForwarder:
+    """The shard's share of the leader's perf-model training points, published after every summary."""
+
+    def __init__(self, shard: IngestShard) -> None:
+        self.shard = shard
+        self.picker = PointPicker()
+        self.rate_per_s = 0.0  # the leader's fleet-wide rate (0 until a membership says otherwise)
+        self.workers: dict[str, WorkerRecord] = {}  # the shard's own
+        self.shards = 1
+        self.seq = 0
+
+    def follow(self, workers: Mapping[str, WorkerRecord], owned: Sequence[str], shard_ids: Sequence[str]) -> None:
+        self.workers = {wid: workers[wid] for wid in owned}
+        self.shards = max(1, len(shard_ids))
+
+    def publish(self, now: float) -> None:
+        shard = self.shard
+        points = self.picker.pick(
+            shard.store, shard.source.lock, self.workers, rate_per_s=self.rate_per_s, shards=self.shards, now=now
+        )
+        subject = perf_points_subject(shard.namespace, shard.shard_id)
+        for payload in encode_perf_points(shard.shard_id, self.seq + 1, points):
+            self.seq += 1
+            shard.source.publish(subject, payload)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,23 @@ Compact and bounded: msgpack arrays, and a worker set larger than ``max_part_byt
 membership only once it holds every part of one ``seq`` (:class:`MembershipAssembler`), and never one older
 than what it applied (by ``(taken_at, seq)``). ``version`` is checked: a shard refuses a membership it cannot
 read, with a clear error, and keeps its partition.
+
+Two optional fields carry the leader's settings a shard must follow (a version 1 reader without them ignores
+them; a membership without them reads as "not set"): ``limits``, the planner's ``ingest.limits``
+(:class:`~planner.ingest.drops.FpmLimits`, which the shard's store then checks every sample against, so a sample
+the planner would drop as ``invalid_value`` is dropped by the shard too), and ``perf_points_per_s``, the
+fleet-wide rate of perf-model training points the leader takes (:mod:`planner.shard.perf_points`; 0: none).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import msgspec
 
 from planner.discovery import Role, WorkerRecord
+from planner.ingest.drops import FpmLimits
 from planner.shard.summary import ShardSummary
 from planner.transport.subjects import escape
 
@@ -72,6 +80,8 @@ class Membership(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     part: int = 0
     parts: int = 1
     workers: tuple[MemberWorker, ...] = ()  # this part's workers
+    limits: FpmLimits | None = None  # the planner's ingest.limits (None: the leader sent none: keep the shard's)
+    perf_points_per_s: float = 0.0  # fleet-wide perf-model training points the leader takes per second
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -94,6 +104,8 @@ def decode_membership(payload: bytes) -> Membership:
         )
     if not 0 <= membership.part < membership.parts:
         raise ValueError(f"shard membership part {membership.part} of {membership.parts}")
+    if not (math.isfinite(membership.perf_points_per_s) and membership.perf_points_per_s >= 0):
+        raise ValueError(f"shard membership perf_points_per_s {membership.perf_points_per_s} is not a rate >= 0")
     return membership
 
 
@@ -105,8 +117,11 @@ def membership_parts(
     shards: Sequence[str],
     workers: Mapping[str, WorkerRecord],
     max_part_bytes: int = 48 * 1024,
+    limits: FpmLimits | None = None,
+    perf_points_per_s: float = 0.0,
 ) -> list[bytes]:
-    """The encoded parts of one membership, each at most about ``max_part_bytes`` (one worker never splits)."""
+    """The encoded parts of one membership, each at most about ``max_part_bytes`` (one worker never splits);
+    ``limits`` and ``perf_points_per_s`` go in every part."""
     members = [MemberWorker(r.worker_id, r.role.value, r.service, tuple(r.fpm_endpoints)) for r in workers.values()]
     groups: list[list[MemberWorker]] = [[]]
     size = 0
@@ -121,7 +136,15 @@ def membership_parts(
     return [
         encode_membership(
             Membership(
-                leader=leader, seq=seq, taken_at=taken_at, shards=live, part=i, parts=len(groups), workers=tuple(group)
+                leader=leader,
+                seq=seq,
+                taken_at=taken_at,
+                shards=live,
+                part=i,
+                parts=len(groups),
+                workers=tuple(group),
+                limits=limits,
+                perf_points_per_s=perf_points_per_s,
             )
         )
         for i, group in enumerate(groups)
@@ -166,6 +189,9 @@ class MembershipAssembler:
 
     def __init__(self, max_pending: int = 4) -> None:
         self.applied: tuple[float, int] | None = None  # (taken_at, seq) of the last complete membership
+        # the leader's settings in the last complete membership (limits None: it sent none)
+        self.limits: FpmLimits | None = None
+        self.perf_points_per_s = 0.0
         self.max_pending = max_pending
         self._pending: dict[tuple[float, int, str], dict[int, Membership]] = {}
         self.refused = 0
@@ -184,6 +210,8 @@ class MembershipAssembler:
         if len(parts) < part.parts:
             return None
         self.applied = order
+        self.limits = part.limits
+        self.perf_points_per_s = part.perf_points_per_s
         self._pending = {k: v for k, v in self._pending.items() if (k[0], k[1]) > order}
         workers: dict[str, WorkerRecord] = {}
         for i in range(part.parts):

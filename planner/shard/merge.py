@@ -18,9 +18,12 @@ never a sample, so the slot table is the store's own), then per tick:
   suspect drops carry what they last published under, so ``identity_not_synced`` is still named.
 
 ``ranks`` of the merged snapshot holds every discovered rank with its freshness (diagnostics still list every
-worker and rank); the samples themselves stay in the shards. The FPM traffic counters the summaries carry are not
-merged here: :class:`~planner.shard.traffic.TrafficDiffer` adds their differences to the decider's traffic
-windows (where histograms add), read by the same code as on the unsharded path.
+worker and rank) and the counters the shards count (samples, heartbeats, counter restarts and gaps, lost samples,
+ages: the newest a summary carried for the rank, :data:`~planner.shard.summary.RANK_STATS`, kept per slot as each
+summary arrives; ages grow with the time since that summary, so they are upper bounds; a rank no summary carried
+yet shows as never heard, zero counts); the samples themselves stay in the shards. The FPM traffic counters the
+summaries carry are not merged here: :class:`~planner.shard.traffic.TrafficDiffer` adds their differences to the
+decider's traffic windows (where histograms add), read by the same code as on the unsharded path.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from planner.ingest.store import (
     RankView,
     SlotTable,
 )
-from planner.shard.summary import ShardSummary
+from planner.shard.summary import NEVER_MS, RANK_STATS, ShardSummary
 
 __all__ = ["SummaryMerger"]
 
@@ -51,18 +54,52 @@ _REASONS = {str(reason): reason for reason in DropReason}
 class _SummaryRanks(Mapping[tuple[str, int], RankView]):
     """Every discovered rank with its merged freshness (no samples: those stay in the shards)."""
 
-    __slots__ = ("_fresh", "_table")
+    __slots__ = ("_fresh", "_now", "_stats", "_stats_at", "_table")
 
-    def __init__(self, table: SlotTable, fresh: npt.NDArray[np.bool_]) -> None:
+    def __init__(
+        self,
+        table: SlotTable,
+        fresh: npt.NDArray[np.bool_],
+        stats: npt.NDArray[np.void],
+        stats_at: npt.NDArray[np.float64],
+        now: float,
+    ) -> None:
         self._table = table
         self._fresh = fresh
+        self._stats = stats
+        self._stats_at = stats_at
+        self._now = now
 
     def __getitem__(self, key: tuple[str, int]) -> RankView:
         slot = self._table.slot(*key) if isinstance(key, tuple) and len(key) == 2 else None
         if slot is None:
             raise KeyError(key)
         endpoint = self._table.endpoints[slot]
-        return RankView(key[0], key[1], endpoint, bool(self._fresh[slot]), None, None, None, None, 0, 0, 0, 0, 0)
+        fresh = bool(self._fresh[slot])
+        at = float(self._stats_at[slot])
+        if at != at:  # no summary carried this rank's counters yet
+            return RankView(key[0], key[1], endpoint, fresh, None, None, None, None, 0, 0, 0, 0, 0)
+        row = self._stats[slot]
+        since_s = max(0.0, self._now - at)
+
+        def age(ms: int) -> float | None:
+            return None if ms == NEVER_MS else ms / 1000.0 + since_s
+
+        return RankView(
+            key[0],
+            key[1],
+            endpoint,
+            fresh,
+            age(int(row["age_ms"])),
+            age(int(row["active_age_ms"])),
+            None,
+            None,
+            int(row["samples"]),
+            int(row["heartbeats"]),
+            int(row["restarts"]),
+            int(row["gaps"]),
+            int(row["lost"]),
+        )
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
         return self._table.keys()
@@ -87,6 +124,14 @@ class SummaryMerger:
             str, tuple[tuple[tuple[str, ...], tuple[int, ...]], npt.NDArray[np.intp], npt.NDArray[np.intp]]
         ] = {}
         self.rejected = 0  # summaries older than the shard's newest one
+        # per leader slot: the newest rank counters a summary carried, and that summary's taken_at (NaN: none)
+        self._stats = np.zeros(0, dtype=RANK_STATS)
+        self._stats_at = np.zeros(0, dtype=np.float64)
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self._stats = np.zeros(self._table.size, dtype=RANK_STATS)
+        self._stats_at = np.full(self._table.size, np.nan)
 
     @property
     def layout(self) -> FleetStore:
@@ -101,6 +146,7 @@ class SummaryMerger:
         self._layout.set_workers(workers)
         self._table = self._layout.snapshot(0.0).totals.table
         self._slots.clear()
+        self._reset_stats()  # the slots moved: counters come back with the next summaries
 
     def update(self, summary: ShardSummary) -> bool:
         """Keep ``summary`` if it is its shard's newest (by ``taken_at``, which survives a shard restart)."""
@@ -109,7 +155,20 @@ class SummaryMerger:
             self.rejected += 1
             return False
         self._summaries[summary.shard_id] = summary
+        self._keep_stats(summary)
         return True
+
+    def _keep_stats(self, summary: ShardSummary) -> None:
+        positions, stats = summary.rank_positions()
+        if not len(positions):
+            return
+        slots, where = self._map(summary)
+        slot_of = np.full(len(summary.fresh), -1, dtype=np.intp)
+        slot_of[where] = slots
+        mine = slot_of[positions]
+        known = mine >= 0
+        self._stats[mine[known]] = stats[known]
+        self._stats_at[mine[known]] = summary.taken_at
 
     def forget(self, shard_id: str) -> None:
         """A shard left for good (its counters leave the sums)."""
@@ -192,7 +251,7 @@ class SummaryMerger:
         return FleetSnapshot(
             now=now + shift,
             ttl_s=self.ttl_s,
-            ranks=_SummaryRanks(table, fresh),
+            ranks=_SummaryRanks(table, fresh, self._stats, self._stats_at, now),
             endpoints=endpoints,
             drops=drops,
             drops_by_worker=by_worker,
