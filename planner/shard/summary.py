@@ -19,7 +19,8 @@ diagnostics show per rank and only the shard counts (samples, heartbeats, counte
 samples, the age of the newest message and of the newest step sample), packed as 24 bytes a rank
 (:data:`RANK_STATS`) for at most :data:`RANK_STATS_PER_SUMMARY` ranks per summary: every rank of a shard up to
 that many, else a window that moves on by that many ranks with every summary (``rank_stats_start``, in the
-summary's rank order, wrapping), so a summary stays under 25 KiB of counters however many ranks the shard owns.
+summary's rank order, wrapping), so a summary carries at most 6 KiB of counters however many ranks the shard owns;
+with more ranks than that, each rank's counters are refreshed every ``ranks / 256`` summaries.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ RANK_STATS = np.dtype(
         ("active_age_ms", "<u4"),
     ]
 )
-RANK_STATS_PER_SUMMARY = 1024  # ranks whose counters one summary carries (24 KiB)
+RANK_STATS_PER_SUMMARY = 256  # ranks whose counters one summary carries (6 KiB)
 NEVER_MS = 2**32 - 1  # an age of a rank never heard from (or beyond ~49 days)
 
 

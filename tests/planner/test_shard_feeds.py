@@ -4,6 +4,7 @@ planner's FPM limits (in the membership). The NATS path is in ``tests/service/te
 
 from __future__ import annotations
 
+import re
 import threading
 
 import msgspec
@@ -15,6 +16,7 @@ from planner.ingest.drops import DropReason, FpmLimits
 from planner.ingest.store import FleetStore
 from planner.service.config import PerfModelSettings
 from planner.service.perf_feed import PerfFeed
+from planner.shard import feeds_bench
 from planner.shard.membership import MembershipAssembler, decode_membership, membership_parts
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
@@ -252,3 +254,16 @@ def test_the_membership_carries_the_planners_limits_and_the_points_rate_to_the_s
     )
     with pytest.raises(ValueError, match="max_requests must be a finite number > 0"):
         decode_membership(bad)
+
+
+def test_the_feeds_bench_prints_the_summary_size_and_the_points_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert feeds_bench.main(["--workers", "8", "--dp", "2", "--rate", "64", "--shards", "2", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    sizes = re.search(r"summary of 16 ranks: (\d+) bytes without rank counters, (\d+) with \(16 ranks a summary\)", out)
+    assert sizes is not None, out
+    assert int(sizes.group(2)) - int(sizes.group(1)) >= 16 * 24
+    assert re.search(r"leader CPU to merge one summary \(counters kept per slot\): \d+ us", out), out
+    points = re.search(
+        r"perf points: 64/s over 2 shards: (\d+) a second from this shard, (\d+) bytes in 1 message", out
+    )
+    assert points is not None and int(points.group(1)) == 32 and int(points.group(2)) > 0, out
