@@ -39,12 +39,12 @@ import threading
 from collections.abc import Mapping, Sequence
 
 import msgspec
-import nats
 import zmq
 import zmq.asyncio
 from nats.aio.client import Client
 
 from planner.transport.batch import FRAME_HEADER_BYTES, batch_subject, encode_batch, frame_overhead_bytes
+from planner.transport.nats_connect import connect_retrying
 from planner.transport.subjects import subject
 from worker_shim.loop_thread import LoopThread
 from worker_shim.parent_watch import die_with_parent, parent_pid_from_env, watch_parent
@@ -224,25 +224,17 @@ class FpmRelay:
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.connect(endpoint)
                 socks.append(sock)
-            while nc is None and not stopping.is_set():
-                try:
-                    nc = await nats.connect(
-                        servers=self.servers,
-                        user=self._user,
-                        password=self._password,
-                        name=f"fpm-relay {self.subjects[0]}",
-                        allow_reconnect=True,
-                        max_reconnect_attempts=-1,
-                        reconnect_time_wait=self._reconnect_wait_s,
-                        connect_timeout=2,
-                        error_cb=self._on_error,
-                        disconnected_cb=self._on_disconnect,
-                        reconnected_cb=self._on_reconnect,
-                    )
-                except Exception as exc:
-                    log.warning("cannot connect to NATS %s: %s", self.servers, exc)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stopping.wait(), self._reconnect_wait_s)
+            nc = await connect_retrying(
+                stopping,
+                servers=self.servers,
+                user=self._user,
+                password=self._password,
+                name=f"fpm-relay {self.subjects[0]}",
+                retry_wait_s=self._reconnect_wait_s,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnect,
+                reconnected_cb=self._on_reconnect,
+            )
             if nc is None:
                 return
             self._connected.set()

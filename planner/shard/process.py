@@ -28,18 +28,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, TypeVar
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from planner.discovery import WorkerRecord
 from planner.ingest.store import FleetStore
-from planner.shard.membership import MembershipAssembler, decode_membership, membership_subject
+from planner.shard.membership import Membership, MembershipAssembler, decode_membership, membership_subject
 from planner.shard.merge import SummaryMerger
 from planner.shard.partition import partition
 from planner.shard.summary import ShardSummary, decode_summary, encode_summary, summarize
 from planner.shard.traffic import CumulativeTraffic
+from planner.transport.nats_connect import connect_retrying
 from planner.transport.nats_source import NatsFpmSource
 from planner.transport.subjects import escape, worker_wildcard
 from worker_shim.loop_thread import LoopThread
@@ -47,6 +48,8 @@ from worker_shim.loop_thread import LoopThread
 __all__ = ["IngestShard", "MembershipFollower", "SummaryListener", "summary_subject", "summary_wildcard"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def summary_subject(namespace: str, shard_id: str) -> str:
@@ -191,26 +194,15 @@ class _NatsListener:
         self._ready.set()
 
     async def _main(self, stopping: asyncio.Event) -> None:
-        nc: Client | None = None
-        while nc is None and not stopping.is_set():
-            try:
-                nc = await nats.connect(
-                    servers=self.servers,
-                    user=self._user,
-                    password=self._password,
-                    name=self._name,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.25,
-                    connect_timeout=2,
-                    disconnected_cb=self._on_disconnect,
-                    reconnected_cb=self._on_reconnect,
-                )
-            except Exception as exc:
-                log.warning("cannot connect to NATS %s: %s", self.servers, exc)
-                try:
-                    await asyncio.wait_for(stopping.wait(), 0.25)
-                except TimeoutError:
-                    pass
+        nc = await connect_retrying(
+            stopping,
+            servers=self.servers,
+            user=self._user,
+            password=self._password,
+            name=self._name,
+            disconnected_cb=self._on_disconnect,
+            reconnected_cb=self._on_reconnect,
+        )
         if nc is None:
             return
         try:
@@ -250,7 +242,42 @@ class _NatsListener:
         self._thread.close()
 
 
-class SummaryListener(_NatsListener):
+class _DecodingListener(_NatsListener, Generic[T]):
+    """A listener whose every message is decoded by ``decode``: what it gives is counted (``received``) and handed
+    to :meth:`_apply` under ``lock``; a message it refuses (ValueError) is counted (``bad_messages``) and logged,
+    never applied."""
+
+    def __init__(
+        self,
+        subject: str,
+        decode: Callable[[bytes], T],
+        *,
+        servers: Sequence[str],
+        user: str | None,
+        password: str | None,
+        name: str,
+    ) -> None:
+        super().__init__(subject, servers=servers, user=user, password=password, name=name)
+        self.bad_messages = 0
+        self._decode = decode
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            item = self._decode(msg.data)
+        except ValueError as exc:
+            self.bad_messages += 1
+            log.warning("dropped a message on %s: %s", msg.subject, exc)
+            return
+        with self.lock:
+            self.received += 1
+            self._apply(item)
+
+    def _apply(self, item: T) -> None:
+        """Take one decoded message in (called under ``lock``)."""
+        raise NotImplementedError
+
+
+class SummaryListener(_DecodingListener[ShardSummary]):
     """The leader's subscription to every shard's summaries, merged by a :class:`SummaryMerger`."""
 
     def __init__(
@@ -263,21 +290,22 @@ class SummaryListener(_NatsListener):
         password: str | None = None,
     ) -> None:
         super().__init__(
-            summary_wildcard(namespace), servers=servers, user=user, password=password, name="fpm-shard-summaries"
+            summary_wildcard(namespace),
+            decode_summary,
+            servers=servers,
+            user=user,
+            password=password,
+            name="fpm-shard-summaries",
         )
         self.merger = merger
-        self.bad_summaries = 0
 
-    async def _on_msg(self, msg: Msg) -> None:
-        try:
-            summary = decode_summary(msg.data)
-        except ValueError as exc:
-            self.bad_summaries += 1
-            log.warning("dropped a message on %s: %s", msg.subject, exc)
-            return
-        with self.lock:
-            self.received += 1
-            self.merger.update(summary)
+    @property
+    def bad_summaries(self) -> int:
+        """Messages on the summaries' subjects that were not a summary."""
+        return self.bad_messages
+
+    def _apply(self, item: ShardSummary) -> None:
+        self.merger.update(item)
 
     def start(self) -> SummaryListener:
         super().start()
@@ -290,7 +318,7 @@ class SummaryListener(_NatsListener):
         self.close()
 
 
-class MembershipFollower(_NatsListener):
+class MembershipFollower(_DecodingListener[Membership]):
     """A shard's subscription to the leader's membership: the newest complete one, and an event set when one
     arrives (a message that is not a membership part is counted and logged, never applied)."""
 
@@ -303,28 +331,29 @@ class MembershipFollower(_NatsListener):
         password: str | None = None,
     ) -> None:
         super().__init__(
-            membership_subject(namespace), servers=servers, user=user, password=password, name="fpm-shard-membership"
+            membership_subject(namespace),
+            decode_membership,
+            servers=servers,
+            user=user,
+            password=password,
+            name="fpm-shard-membership",
         )
         self.assembler = MembershipAssembler()
-        self.bad_memberships = 0
         self.latest: tuple[dict[str, WorkerRecord], tuple[str, ...]] | None = None
         self.latest_at: float | None = None  # the leader's wall clock when it took the newest membership
         self.arrived = threading.Event()
 
-    async def _on_msg(self, msg: Msg) -> None:
-        try:
-            part = decode_membership(msg.data)
-        except ValueError as exc:
-            self.bad_memberships += 1
-            log.warning("dropped a message on %s: %s", msg.subject, exc)
-            return
-        with self.lock:
-            self.received += 1
-            complete = self.assembler.add(part)
-            if complete is not None:
-                self.latest = complete
-                self.latest_at = part.taken_at
-                self.arrived.set()
+    @property
+    def bad_memberships(self) -> int:
+        """Messages on the membership subject that were not a membership part."""
+        return self.bad_messages
+
+    def _apply(self, item: Membership) -> None:
+        complete = self.assembler.add(item)
+        if complete is not None:
+            self.latest = complete
+            self.latest_at = item.taken_at
+            self.arrived.set()
 
     def take(self) -> tuple[dict[str, WorkerRecord], tuple[str, ...]] | None:
         """The newest complete membership not taken yet (None: nothing new)."""
