@@ -365,3 +365,9 @@ class MembershipFollower(_DecodingListener[Membership]):
     def start(self) -> MembershipFollower:
         super().start()
         return self
+
+    def __enter__(self) -> MembershipFollower:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -5,8 +5,8 @@ leader's listeners need before they subscribe or publish (once connected, nats-p
 gives up only when ``stopping`` is set (None then). With unlimited attempts nats-py's own ``connect`` retries a
 server that is not up inside the call (each failure goes to ``error_cb``) and never returns: it is raced against
 ``stopping`` here, so an owner closed while NATS is down stops at once. An error ``connect`` raises is logged and
-tried again after ``retry_wait_s``. Used by :mod:`worker_shim.relay` and :mod:`planner.shard.process`; it imports
-nothing of either.
+tried again after ``retry_wait_s``. Used by :mod:`worker_shim.relay`, :mod:`planner.shard.process` and
+:mod:`planner.transport.nats_source`; it imports nothing of them.
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ NATS core delivery is at most once: what is lost while a connection is down show
 notice is not used: after a NATS reconnect the same publisher run carrying on is normal, not an oversized
 message.)
 
-One thread runs an asyncio loop with the NATS client; it reconnects forever. Readers share :attr:`lock` with the
-ingest, as with the ZMQ subscriber. Nothing raises out of the receive path (``loop_errors``).
+One thread runs an asyncio loop with the NATS client; it reconnects forever. The first connection is tried until
+it is made or the source is closed (:func:`~planner.transport.nats_connect.connect_retrying`), so a source closed
+while NATS is down ends its thread. Readers share :attr:`lock` with the ingest, as with the ZMQ subscriber.
+Nothing raises out of the receive path (``loop_errors``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -43,6 +44,7 @@ from planner.discovery import WorkerRecord
 from planner.ingest.store import DropReason, FleetSnapshot, FleetStore
 from planner.ingest.subscriber import LinkStats, LinkTotals
 from planner.transport.batch import BATCH_TOKEN, BatchDecodeError, batch_subject, decode_batch
+from planner.transport.nats_connect import connect_retrying
 from planner.transport.subjects import namespace_wildcard, subject
 from worker_shim import fpm
 from worker_shim.loop_thread import LoopThread
@@ -255,28 +257,17 @@ class NatsFpmSource:
         self._subscribed.set()
 
     async def _main(self, stopping: asyncio.Event) -> None:
-        nc: Client | None = None
-        while nc is None and not stopping.is_set():
-            try:
-                nc = await nats.connect(
-                    servers=self.servers,
-                    user=self._user,
-                    password=self._password,
-                    name="fpm-planner-ingest",
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=self._reconnect_wait_s,
-                    connect_timeout=2,
-                    error_cb=self._on_error,
-                    disconnected_cb=self._on_disconnect,
-                    reconnected_cb=self._on_reconnect,
-                )
-            except Exception as exc:  # the server is not up yet: try again
-                log.warning("cannot connect to NATS %s: %s", self.servers, exc)
-                try:
-                    await asyncio.wait_for(stopping.wait(), self._reconnect_wait_s)
-                except TimeoutError:
-                    pass
+        nc = await connect_retrying(
+            stopping,
+            servers=self.servers,
+            user=self._user,
+            password=self._password,
+            name="fpm-planner-ingest",
+            retry_wait_s=self._reconnect_wait_s,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnect,
+            reconnected_cb=self._on_reconnect,
+        )
         if nc is None:
             return
         try:
