@@ -96,7 +96,10 @@ def test_violations_name_a_run_id_outside_u64(run_id: int, named: tuple[str, ...
 
 
 def test_slot_table_arrays_have_their_declared_dtypes() -> None:
-    for table in (make_store().snapshot(0.0).totals.table, FleetStore(ttl_s=1.0).snapshot(0.0).totals.table):
+    emptied = make_store()
+    emptied.set_workers({})  # every worker gone: a table laid out now, not the one built at import
+    tables = [make_store(), FleetStore(ttl_s=1.0), emptied]
+    for table in (store.snapshot(0.0).totals.table for store in tables):
         assert table.first_slot.dtype == np.int64 and table.dp_size.dtype == np.int64
         for capacity in (table.max_num_batched_tokens, table.max_num_seqs, table.kv_capacity_tokens):
             assert capacity.dtype == np.float64
