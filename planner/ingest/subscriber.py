@@ -28,6 +28,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -48,6 +49,33 @@ log = logging.getLogger(__name__)
 
 _BATCH = 256  # messages drained from one socket before moving to the next ready one
 _EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+_Ready = Readiness[tuple[zmq.Socket[bytes], Link, bool]]
+
+
+def _close_link(link: Link, ready: _Ready) -> None:
+    """Close the link's SUB socket and its monitor (never a disconnect on a socket that stays open)."""
+    sock, monitor = link.sock, link.monitor
+    link.sock = link.monitor = None
+    link.connected = False
+    if sock is not None:
+        ready.remove(sock)
+        sock.disable_monitor()
+        sock.close()
+    if monitor is not None:
+        ready.remove(monitor)
+        monitor.close()
+
+
+def _release(links: dict[str, Link], ready: _Ready, ctx: zmq.Context[zmq.Socket[bytes]], own_ctx: bool) -> None:
+    """Every socket closed, then the context (when the subscriber made it) terminated: by ``close()``, or when the
+    subscriber is collected without it. Holds none of the subscriber, only what it owns."""
+    for link in links.values():
+        _close_link(link, ready)
+    links.clear()
+    ready.close()
+    if own_ctx:
+        ctx.term()
 
 
 class FpmSubscriber:
@@ -100,13 +128,18 @@ class FpmSubscriber:
         self._ctx.setsockopt(zmq.LINGER, 0)
         self._links: dict[str, Link] = {}  # every endpoint followed, with or without an open socket
         # Open SUB sockets and monitors, by readiness (True: a monitor); sockets a capped batch left non-empty.
-        self._ready: Readiness[tuple[zmq.Socket[bytes], Link, bool]] = make_readiness(readiness)
+        self._ready: _Ready = make_readiness(readiness)
         self._carry: list[tuple[zmq.Socket[bytes], Link, bool]] = []
         self._due: set[Link] = set()  # links with a timer (link.due)
         self._departed = dict.fromkeys(TOTALED, 0)  # counts of endpoints no longer followed
         self._pending_workers: Mapping[str, WorkerRecord] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # The sockets and the context are released by close(), or when the subscriber is collected without it
+        # (sockets first: a context the GC finalizes before its sockets blocks in term() forever, whoever held the
+        # subscriber). At exit pyzmq leaves its contexts alone, and so does this (a receive thread may still run).
+        self._release = weakref.finalize(self, _release, self._links, self._ready, self._ctx, self._own_ctx)
+        self._release.atexit = False
 
     # -- discovery -------------------------------------------------------------------------------------------
 
@@ -203,17 +236,7 @@ class FpmSubscriber:
         return True
 
     def _close_socket(self, link: Link) -> None:
-        """Close the link's SUB socket and its monitor (never a disconnect on a socket that stays open)."""
-        sock, monitor = link.sock, link.monitor
-        link.sock = link.monitor = None
-        link.connected = False
-        if sock is not None:
-            self._ready.remove(sock)
-            sock.disable_monitor()
-            sock.close()
-        if monitor is not None:
-            self._ready.remove(monitor)
-            monitor.close()
+        _close_link(link, self._ready)
 
     # -- receive ---------------------------------------------------------------------------------------------
 
@@ -408,18 +431,14 @@ class FpmSubscriber:
             self.poll_once(50)
 
     def close(self) -> None:
+        """Stop the receive thread, close every socket and terminate the context it made (once)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join(5.0)
             self._thread = None
-        for link in self._links.values():
-            self._close_socket(link)
-        self._links.clear()
         self._due.clear()
         self._carry.clear()
-        self._ready.close()
-        if self._own_ctx:
-            self._ctx.term()
+        self._release()
 
     def __enter__(self) -> FpmSubscriber:
         return self.start()

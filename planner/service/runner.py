@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -115,10 +114,9 @@ class PlannerRunner:
         self.ingest: TickIngest = build_ingest(config.ingest)
         self.store: FleetStore = self.ingest.store
         self.subscriber: IngestSource = self.ingest.source
-        # released by stop()/close() or when the runner is collected (sockets first: a ZMQ context the GC
-        # finalizes before its sockets blocks in term() forever); at exit pyzmq skips it, and so does this
-        self._release = weakref.finalize(self, self.ingest.close)
-        self._release.atexit = False
+        # released by stop()/close(); a runner collected without either is safe too (the ZMQ subscriber releases
+        # its own sockets and context when collected)
+        self._released = False
         self.registry = WorkerRegistry(
             config.discovery,
             sources=self.sources,
@@ -310,7 +308,9 @@ class PlannerRunner:
 
     def close(self) -> None:
         """Release the ingest (its sockets and threads) of a runner never started or already stopped; once."""
-        self._release()
+        if not self._released:
+            self._released = True
+            self.ingest.close()
 
     async def stop(self) -> None:
         """Stop the loops (a tick in progress finishes first) and close the subscriber (also when never started)."""
@@ -322,7 +322,7 @@ class PlannerRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        await asyncio.to_thread(self._release)
+        await asyncio.to_thread(self.close)
         self._running = False
 
     @property

@@ -172,5 +172,3 @@ def test_never_outside_bounds_never_lower_while_blind_every_tick_answers(
         asyncio.run(run())
     finally:
         emu.clear_faults()
-        for runner in runners:  # never started, but its subscriber owns a ZMQ context: close it, not the GC
-            runner.subscriber.close()
