@@ -17,6 +17,7 @@ The runner composes parts that never import it (arrows run from here down)::
            ──> diagnostics_view  the diagnostics document
            ──> deadline          the core's step and the what-if off the event loop, with deadlines (TickGuard)
            ──> operations        durable state + audit, pause, fallback, Events and conditions, decision log
+           ──> state_restore     registrations as the durable state keeps them; taking the stored state over
 
 Each part is handed what it needs (a clock function, a leader flag, the history); the runner wires them,
 reads the clock and awaits the actuator.
@@ -44,7 +45,7 @@ from planner.actuators.base import Actuator, ScaleRequest, ServiceStatus, replic
 from planner.core import CoreConfig, CoreState, Observation, Traffic
 from planner.core import load_config as load_core_config
 from planner.discovery import Discovery, EngineCapacity, Role, WorkerRecord
-from planner.errors import ActuatorError, ConfigError, LeaseError
+from planner.errors import ActuatorError
 from planner.ingest.store import FleetSnapshot, FleetStore
 from planner.service.actuation import Actuation, ActuatorErrorEntry, Gate
 from planner.service.auth import Credentials, load_credentials
@@ -59,6 +60,7 @@ from planner.service.operations import PAUSED, Operations, OperationsConfig, Sta
 from planner.service.perf_feed import PerfFeed
 from planner.service.registry import EndpointConflictError, Registration, WorkerRegistry, WorkerSource
 from planner.service.schemas import BoundsResponse, ExplainResponse, WhatIfResponse, WorkersResponse
+from planner.service.state_restore import registration_value, restore_state
 from planner.service.state_store import RuntimeState, StateStore
 from planner.service.views import explain, what_if_decisions, what_if_inputs
 from planner.transport.settings import IngestSource
@@ -237,14 +239,9 @@ class PlannerRunner:
             ttl_s=ttl_s,
         )
         if who:
-            value = {
-                "role": role.value,
-                "service": service,
-                "dp_size": dp_size,
-                "fpm_endpoints": list(fpm_endpoints),
-                "capacity": msgspec.to_builtins(capacity),
-                "ttl_s": ttl_s,
-            }
+            value = registration_value(
+                role=role, service=service, dp_size=dp_size, fpm_endpoints=fpm_endpoints, capacity=capacity, ttl_s=ttl_s
+            )
             self.operations.record_registration(worker_id, value, who=who)
         return registration
 
@@ -256,25 +253,7 @@ class PlannerRunner:
 
     def apply_state(self, state: RuntimeState) -> None:
         """Take the durable state over: run-time bounds, and the registrations this replica does not know."""
-        patch = self.operations.bounds_patch(state)
-        if patch:
-            try:
-                self.decider.patch_bounds(patch)
-            except ConfigError as exc:
-                log.warning("stored bounds not applied: %s", exc)
-        for worker_id, v in self.operations.restorable(state.registrations, self.registry.workers):
-            try:
-                self.registry.register(
-                    worker_id,
-                    role=Role(v["role"]),
-                    service=str(v["service"]),
-                    dp_size=int(v["dp_size"]),
-                    fpm_endpoints=tuple(v["fpm_endpoints"]),
-                    capacity=msgspec.convert(v["capacity"], EngineCapacity),
-                    ttl_s=v.get("ttl_s"),
-                )
-            except (LeaseError, KeyError, ValueError, msgspec.ValidationError) as exc:
-                log.warning("stored registration of %s not restored: %s", worker_id, exc)
+        restore_state(state, operations=self.operations, decider=self.decider, registry=self.registry)
 
     def refresh_discovery(self, now: float) -> Mapping[str, WorkerRecord]:
         return self.registry.refresh(now)
