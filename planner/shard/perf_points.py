@@ -25,18 +25,16 @@ offered an older counter once, which the filter takes for a restart (more warm-u
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
-from nats.aio.msg import Msg
 
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import FleetStore
-from planner.shard.process import _NatsListener
+from planner.shard.process import _DecodingListener
 from planner.transport.subjects import escape
 from worker_shim.fpm import ForwardPassMetrics, ScheduledRequests
 
@@ -59,8 +57,6 @@ PERF_POINTS_VERSION = 1
 # leader's CPU per second; a role's model (4,096 points at most, refitted every 30 s) is refreshed within a refit.
 DEFAULT_PERF_POINTS_PER_S = 512.0
 _FIELDS = ScheduledRequests.__struct_fields__
-
-log = logging.getLogger(__name__)
 
 
 def perf_points_subject(namespace: str, shard_id: str) -> str:
@@ -242,8 +238,9 @@ def attribute(
     return by_role, refused
 
 
-class PerfPointListener(_NatsListener):
-    """The leader's subscription to every shard's training points, held (at most ``max_pending``) until taken."""
+class PerfPointListener(_DecodingListener[PerfPoints]):
+    """The leader's subscription to every shard's training points, held (at most ``max_pending``) until taken; a
+    message that is not one is counted (``bad_messages``) and logged, never taken."""
 
     def __init__(
         self,
@@ -255,27 +252,23 @@ class PerfPointListener(_NatsListener):
         max_pending: int = 8192,
     ) -> None:
         super().__init__(
-            perf_points_wildcard(namespace), servers=servers, user=user, password=password, name="fpm-shard-perf"
+            perf_points_wildcard(namespace),
+            decode_perf_points,
+            servers=servers,
+            user=user,
+            password=password,
+            name="fpm-shard-perf",
         )
         self.max_pending = max_pending
         self.points_received = 0
         self.dropped_full = 0  # points received while max_pending were waiting (never buffered)
-        self.bad_messages = 0
         self._pending: list[PerfPoint] = []
 
-    async def _on_msg(self, msg: Msg) -> None:
-        try:
-            message = decode_perf_points(msg.data)
-        except ValueError as exc:
-            self.bad_messages += 1
-            log.warning("dropped a message on %s: %s", msg.subject, exc)
-            return
-        with self.lock:
-            self.received += 1
-            self.points_received += len(message.points)
-            room = max(0, self.max_pending - len(self._pending))
-            self._pending.extend(message.points[:room])
-            self.dropped_full += max(0, len(message.points) - room)
+    def _apply(self, item: PerfPoints) -> None:
+        self.points_received += len(item.points)
+        room = max(0, self.max_pending - len(self._pending))
+        self._pending.extend(item.points[:room])
+        self.dropped_full += max(0, len(item.points) - room)
 
     def take(self) -> list[PerfPoint]:
         """The points received since the last call."""
