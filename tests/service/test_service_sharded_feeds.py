@@ -101,7 +101,8 @@ def test_the_sharded_service_applies_its_limits_shows_rank_counters_and_feeds_th
             # the planner's limit, applied by the shard: every step of w3 is beyond it, dropped as invalid_value
             w3 = next(w for w in document["workers"] if w["worker_id"] == "w3")
             assert w3["drops"]["invalid_value"] > 0
-            assert all(r["samples"] == 0 and not r["fresh"] for r in _ranks(document, "w3"))  # none stored
+            w3_ranks = _ranks(document, "w3")
+            assert len(w3_ranks) > 0 and [r for r in w3_ranks if r["samples"] != 0 or r["fresh"]] == []  # none stored
             # every other rank: the counters the shard keeps, not zeros
             for wid in ("w0", "w1", "w2"):
                 for rank in _ranks(document, wid):
