@@ -24,6 +24,7 @@ Environment variables (each overrides the file):
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -88,6 +89,13 @@ class ShardsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     enabled: bool = False  # needs transport: nats; the shards run as `python -m planner.shard`
     # a shard whose newest summary is older is stale: its workers count as not fresh (<= ingest.ttl_s)
     max_summary_age_s: PositiveFloat = 3.0
+    # fleet-wide perf-model training points the shards forward to the leader per second (0: none; none either
+    # with perf_model.enabled: false), split over the live shards (planner.shard.perf_points)
+    perf_points_per_s: Annotated[float, msgspec.Meta(ge=0.0)] = 512.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.perf_points_per_s):
+            raise ValueError(f"perf_points_per_s: expected a finite number >= 0, got {self.perf_points_per_s}")
 
 
 class IngestConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -119,12 +119,16 @@ class Ingest:
         self.source.close()
 
 
-def build_ingest(config: IngestConfig, *, wall_clock: Callable[[], float] = time.time) -> TickIngest:
+def build_ingest(
+    config: IngestConfig, *, perf_model_enabled: bool, wall_clock: Callable[[], float] = time.time
+) -> TickIngest:
     """The ingest ``config`` names; raises ConfigError for settings that cannot work (a NATS password file that
     cannot be read, an unreadable CURVE key). With ``shards.enabled``: the merged shard summaries
-    (:mod:`planner.service.sharded_ingest`; ``wall_clock`` is what their stamps are compared with)."""
+    (:mod:`planner.service.sharded_ingest`; ``wall_clock`` is what their stamps are compared with), and the
+    shards' perf-model training points at ``shards.perf_points_per_s`` while ``perf_model_enabled`` (else the
+    leader announces rate 0 and takes none: nothing would learn from them)."""
     if config.shards.enabled:
-        return _sharded(config, wall_clock)
+        return _sharded(config, wall_clock, perf_model_enabled=perf_model_enabled)
     store = FleetStore(ttl_s=config.ttl_s, window_size=config.window_size, limits=config.limits)
     # ZMQ (default): the subscriber owns its ZMQ context, with the socket limit raised for large fleets.
     # NATS (ingest.transport: nats): the same store fed from NATS subjects (planner.transport).
@@ -139,7 +143,7 @@ def build_ingest(config: IngestConfig, *, wall_clock: Callable[[], float] = time
     return Ingest(store, source)
 
 
-def _sharded(config: IngestConfig, wall_clock: Callable[[], float]) -> ShardedIngest:
+def _sharded(config: IngestConfig, wall_clock: Callable[[], float], *, perf_model_enabled: bool) -> ShardedIngest:
     nats = config.nats
     if not nats.servers or not nats.namespace:
         raise ConfigError("ingest.nats: servers and namespace must not be empty with shards.enabled")
@@ -149,5 +153,10 @@ def _sharded(config: IngestConfig, wall_clock: Callable[[], float]) -> ShardedIn
         merger, servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password
     )
     source = ShardSummarySource(merger, listener, namespace=nats.namespace, wall_clock=wall_clock)
-    points = PerfPointListener(servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password)
-    return ShardedIngest(source, wall_clock=wall_clock, limits=config.limits, perf_points=points)
+    rate_per_s = config.shards.perf_points_per_s if perf_model_enabled else 0.0
+    points = None  # no model to feed, or rate 0: no subscription, and the membership tells the shards 0
+    if rate_per_s > 0:
+        points = PerfPointListener(servers=nats.servers, namespace=nats.namespace, user=nats.user, password=password)
+    return ShardedIngest(
+        source, wall_clock=wall_clock, limits=config.limits, perf_points=points, perf_points_per_s=rate_per_s
+    )

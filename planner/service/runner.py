@@ -113,7 +113,7 @@ class PlannerRunner:
         self.metrics = PlannerMetrics()
         self.history = History(max_decisions=config.history.max_decisions, max_outcomes=config.history.max_outcomes)
         # the store and the source that feeds it (ZMQ by default, NATS with ingest.transport: nats)
-        self.ingest: TickIngest = build_ingest(config.ingest)
+        self.ingest: TickIngest = build_ingest(config.ingest, perf_model_enabled=config.perf_model.enabled)
         self.store: FleetStore = self.ingest.store
         self.subscriber: IngestSource = self.ingest.source
         # released by stop()/close(); a runner collected without either is safe too (the ZMQ subscriber releases

@@ -18,7 +18,8 @@ rate; and the leader tells the shards whom to ingest.
   ``Observation.traffic``, the diagnostics' ``traffic`` and a decision's explain read the same windows as on the
   unsharded path, over every shard's samples (leader and followers alike, so a follower that takes over has them).
 - Perf model: the membership carries the planner's FPM limits (``ingest.limits``: the shards check every sample
-  against them) and the fleet-wide rate of perf-model training points; the shards forward that many of their step
+  against them) and the fleet-wide rate of perf-model training points (``ingest.shards.perf_points_per_s``; 0, and
+  no subscription, with ``perf_model.enabled: false``); the shards forward that many of their step
   samples (:mod:`planner.shard.perf_points`), and every tick the points of workers in the current membership are
   fed to the same :class:`~planner.service.perf_feed.PerfFeed` as on the unsharded path (leader and followers).
 
