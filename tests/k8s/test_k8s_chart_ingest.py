@@ -119,9 +119,10 @@ def test_transport_nats_reaches_the_planners_config_with_its_password_the_mounte
 
 
 def test_shards_follow_the_leader_by_default_and_the_planner_reads_their_summaries(tmp_path: Path) -> None:
-    docs = render({"ingest": NATS_ON["ingest"], "shards": {"replicas": 2, "maxSummaryAgeS": 2.5}})
+    docs = render({"ingest": NATS_ON["ingest"], "shards": {"replicas": 2, "maxSummaryAgeS": 2.5, "perfPointsPerS": 64}})
     config = planner_config(docs, tmp_path)
     assert config.ingest.shards.enabled and config.ingest.shards.max_summary_age_s == 2.5
+    assert config.ingest.shards.perf_points_per_s == 64
     sts = one(docs, "StatefulSet", f"{RELEASE}-fpm-planner-shard")
     (ctr,) = sts["spec"]["template"]["spec"]["containers"]
     args = shard_parser().parse_args([a.replace("$(POD_NAME)", "rel-fpm-planner-shard-0") for a in ctr["args"]])
