@@ -172,6 +172,8 @@ def draft_service(
         now,
         rc.sla_feedback,
         in_flight=deployment is not None and deployment.in_flight,
+        queued_prefill_tokens=None if invalid else load.queued_prefill_tokens,
+        startup_s=startup_s,
     )
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.state.ttft_frac, feedback.state.itl_frac)

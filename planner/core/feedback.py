@@ -16,7 +16,10 @@ misses from before the capacity arrived must not wind it up. Nor while the reque
 arrived before the last action in flight settled (their TTFT longer than the time since, read from the observed
 TTFT p50/p90/p99: at least 50 / 10 / 1 % of them) are most of the window or may account for all of its misses:
 they queued on the engines up then, and no capacity decided now serves them (prompt_shift: one tick after the
-hold, a window of such misses wound the correction to its bound). With no usable observation (unknown, or
+hold, a window of such misses wound the correction to its bound). Nor, within one start-up of the last action in
+flight settling, while the prefill queue falls fast enough to be gone within a start-up: the backlog that built
+before the capacity came drains on the capacity up, and the misses are its requests (queued, or decoding through
+its prompts' chunks). With no usable observation (unknown, or
 fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
 
 Pure: ``now`` is an argument; the state is :class:`FeedbackState`, kept in the service's
@@ -49,6 +52,9 @@ class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
     # The last tick an action was in flight: capacity came after it. A request reported later with a TTFT longer
     # than the time since arrived before (it queued on the engines up then, which no later capacity relieves).
     in_flight_at: float | None = None
+    # The prefill queue (queued prompt tokens) at the last update: a queue falling since says the capacity up drains
+    # the backlog that built before it came.
+    queued_prefill_tokens: float | None = None
 
 
 class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,8 +124,12 @@ def update_feedback(
     cfg: SlaFeedbackConfig,
     *,
     in_flight: bool,
+    queued_prefill_tokens: float | None = None,
+    startup_s: float = 0.0,
 ) -> FeedbackUpdate:
-    """Fold this tick's observed attainment into the corrections (see the module docstring)."""
+    """Fold this tick's observed attainment into the corrections (see the module docstring).
+    ``queued_prefill_tokens``: the role's prefill queue now (None: not known); ``startup_s``: the start-up delay
+    the core plans with (the TTFT loop holds while a backlog left by a settled scale-up drains within one)."""
     if not cfg.enabled:
         return FeedbackUpdate(state=FeedbackState(last_at=now), reason=None, detail="")
     dt = 0.0 if state.last_at is None else min(max(now - state.last_at, 0.0), cfg.max_step_s)
@@ -135,8 +145,26 @@ def update_feedback(
     for attained in (t.ttft_attainment_frac, t.itl_attainment_frac):
         if before > 0 and attained is not None and (before >= 0.5 or 1.0 - attained <= before):
             frozen = True
-    ttft, ttft_how = _one(state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen)
-    itl, itl_how = _one(state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen)
+    # A backlog that built before the last scale-up's capacity came, falling since the last tick fast enough to be
+    # gone within one start-up: the capacity up drains it, so capacity decided now would come after it; the misses
+    # it still causes are the backlog's -- its requests queued, and the decodes riding along with its prompt chunks
+    # (prompt_shift: one tick after the hold, ITL misses of 61 % wound the ITL correction to its bound, 5 -> 8
+    # replicas, while the queue fell from 1.0M to 0.66M tokens and was gone 10 s later).
+    draining_s = _backlog_drains_in_s(state, queued_prefill_tokens, now, dt)
+    backlog_draining = (
+        not in_flight
+        and in_flight_at is not None
+        and startup_s > 0
+        and now - in_flight_at <= startup_s
+        and draining_s is not None
+        and draining_s <= startup_s
+    )
+    ttft, ttft_how = _one(
+        state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen or backlog_draining
+    )
+    itl, itl_how = _one(
+        state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen or backlog_draining
+    )
     new = FeedbackState(
         ttft_frac=ttft,
         itl_frac=itl,
@@ -144,6 +172,7 @@ def update_feedback(
         capped=state.capped,
         hold_until=hold_until,
         in_flight_at=in_flight_at,
+        queued_prefill_tokens=queued_prefill_tokens,
     )
     hows = {ttft_how, itl_how} - {""}
     if not hows and ttft == 0.0 and itl == 0.0:
@@ -157,6 +186,11 @@ def update_feedback(
         seen = f"{attained:.2%} of {samples}" if attained is not None and samples is not None else "no observation"
         parts.append(f"{name} headroom {value:+.3f} ({moved or 'held'}; observed {seen})")
     detail = f"goal {cfg.attainment_goal:.0%}: " + ", ".join(parts)
+    if backlog_draining and "frozen" in hows and not frozen:
+        detail += (
+            f"; not tightening: the backlog left from before the capacity came drains in"
+            f" {draining_s:.0f} s, within a start-up ({startup_s:.0f} s)"
+        )
     if frozen and "frozen" in hows:
         if in_flight or state.capped or (hold_until is not None and now < hold_until):
             detail += "; not tightening while capacity cannot come (in flight or capped)"
@@ -166,3 +200,15 @@ def update_feedback(
                 f" came {now - (in_flight_at or now):.0f} s ago"
             )
     return FeedbackUpdate(state=new, reason=_REASONS.get(how, Reason.SLA_FEEDBACK_HELD), detail=detail)
+
+
+def _backlog_drains_in_s(state: FeedbackState, queued: float | None, now: float, dt: float) -> float | None:
+    """Seconds until the prefill queue is gone at the rate it fell since the last update; None when it did not fall
+    (or either figure is unknown)."""
+    before = state.queued_prefill_tokens
+    if queued is None or before is None or dt <= 0 or state.last_at is None or not queued < before:
+        return None
+    if not (math.isfinite(queued) and math.isfinite(before)):
+        return None
+    rate = (before - queued) / max(now - state.last_at, 1e-9)
+    return queued / rate

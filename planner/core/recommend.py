@@ -28,6 +28,7 @@ import msgspec
 
 from perf_model.api import PerfPredictor, StepPredictor
 from planner.core.agg_latency import AggLatency, mdl_queue_requests, predict_agg_latency
+from planner.core.backlog import backlog_cap, served_prefill_tokens_per_s
 from planner.core.config import SlaTargets, ThresholdConfig
 from planner.core.decision import Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
@@ -162,7 +163,12 @@ def recommend_sla(
     does), a scale-up goes no further than what the arrivals need
     (``backlog_drains_before_startup``, a hold when the current count is enough); when the backlog outlasts a
     start-up, no further than the current count plus what the arrivals need on the new replicas alone, while
-    the current engines drain it (``backlog_outlasts_startup``).
+    the current engines drain it (``backlog_outlasts_startup``). The drain (and the backlog left after a start-up)
+    is counted at the lower of one chunk's prefill rate alone and, on aggregated engines with a step model, what an
+    engine prefills with its decodes riding along at the prompt length the engines hold (long prompts: lower).
+
+    Decode batch limit: a decode role's count is infeasible when its Little's-law batch per engine is past
+    ``max_num_seqs`` (``decode_batch_limit`` when that rules out one replica fewer).
 
     Per-request tail (:mod:`planner.core.tail`): with the traffic's ISL/OSL percentiles, TTFT is checked for a
     p99 (else p90) prompt behind the queue, and on aggregated engines with a step model the share of requests
@@ -200,9 +206,41 @@ def recommend_sla(
     # Prefill throughput of one engine (tokens/s) from the time of one full chunk.
     chunk_ms = predictor.predict_ttft_ms(float(mnbt), 0.0, mnbt).value_ms if rate else 0.0
     tokens_per_s = mnbt / (chunk_ms / 1000.0) if chunk_ms > 0 else math.inf
+    # The prompts in the engines now (FPM: queued plus scheduled prefill tokens per prefill request) show a shift
+    # to longer prompts before the traffic window does: the arrivals' prompt tokens are counted at the longer mean.
+    in_engines = load.queued_prefill_tokens + load.scheduled_prefill_tokens
+    engine_isl = in_engines / rec.prefill_requests if rec.prefill_requests > 0 else 0.0
+    arrival_tokens_per_s = (rate or 0.0) * max(isl, engine_isl)
+    mixed = predictor if role is Role.AGG and isinstance(predictor, StepPredictor) else None
+    if mixed is not None and load.decode_requests <= 0:
+        kv_per_request = isl + (osl or 0.0) / 2.0
+    # The queue's drain is counted at the lower of two prefill throughputs: one full chunk alone, and (aggregated
+    # engines with a step model) the prompts an engine prefills per second with its decodes riding along and each
+    # chunk attending to the earlier ones, at the prompt length the engines hold now -- long prompts take
+    # several-fold longer chunk steps than a chunk alone (prompt_shift: 42k tokens/s alone, 37k served).
+    if (
+        mixed is not None
+        and rate
+        and startup_s > 0
+        and current > 0
+        and load.queued_prefill_tokens > 0
+        and math.isfinite(tokens_per_s)
+    ):
+        served = served_prefill_tokens_per_s(
+            mixed,
+            isl_tokens=max(isl, engine_isl),
+            osl_tokens=osl or 1.0,
+            kv_per_request_tokens=kv_per_request,
+            max_num_batched_tokens=mnbt,
+            decode_requests=(load.decode_requests + load.queued_decode_requests) / (current * dp),
+            max_num_seqs=rec.max_num_seqs,
+            kv_capacity_tokens=rec.kv_capacity_tokens,
+            guess_tokens_per_s=tokens_per_s,
+        )
+        tokens_per_s = min(tokens_per_s, served)
     backlog_later = load.queued_prefill_tokens
     if startup_s > 0 and rate and current > 0 and math.isfinite(tokens_per_s):
-        net_tokens_per_s = rate * isl - tokens_per_s * current * dp
+        net_tokens_per_s = arrival_tokens_per_s - tokens_per_s * current * dp
         backlog_later = max(0.0, load.queued_prefill_tokens + net_tokens_per_s * startup_s)
 
     def backlog_for(n: int, arrivals_only: bool) -> float:
@@ -228,10 +266,6 @@ def recommend_sla(
             ttft_limit,
         )
     miss_budget = max(1.0 - attainment_goal, 0.0)
-
-    mixed = predictor if role is Role.AGG and isinstance(predictor, StepPredictor) else None
-    if mixed is not None and load.decode_requests <= 0:
-        kv_per_request = isl + (osl or 0.0) / 2.0
 
     def evaluate_agg(
         n: int, step_predictor: StepPredictor, arrivals_only: bool
@@ -299,6 +333,9 @@ def recommend_sla(
         ratio = math.sqrt(miss_budget * missed) / max(tail_miss(now_agg, current * dp), 1e-9)
         miss_scale = min(max(ratio, _MIN_TAIL_SCALE), _MAX_TAIL_SCALE)
 
+    # the counts the decode batch limit ruled out (a batch per engine past max_num_seqs, which met the ITL otherwise)
+    batch_limited: dict[int, float] = {}
+
     def evaluate(n: int, arrivals_only: bool = False) -> tuple[bool, float | None, float | None]:
         if mixed is not None:
             return evaluate_agg(n, mixed, arrivals_only)
@@ -326,6 +363,12 @@ def recommend_sla(
                     itl = predictor.predict_itl_ms(
                         concurrency / engines, concurrency * kv_per_request / engines
                     ).upper_ms
+                # An engine runs at most max_num_seqs requests: a concurrency past it waits between tokens, which
+                # the step model at that batch does not see.
+                if rec.max_num_seqs > 0 and concurrency / engines > rec.max_num_seqs:
+                    if itl <= itl_limit:
+                        batch_limited[n] = concurrency / engines
+                    return False, ttft, math.inf
             ok = itl <= itl_limit
         return ok, ttft, itl
 
@@ -342,17 +385,14 @@ def recommend_sla(
 
     search_hi = max(min(search_max, MAX_SEARCH_REPLICAS), 1)
     n = first_meeting(lambda k: evaluate(k)[0], 1, search_hi)
-    in_engines = load.queued_prefill_tokens + load.scheduled_prefill_tokens
-    engine_isl = in_engines / rec.prefill_requests if rec.prefill_requests > 0 else 0.0
     arrivals: int | None = None
     if rate and (n is None or n > current):
         arrivals = first_meeting(lambda k: evaluate(k, True)[0], 1, search_hi)
-    capped = _backlog_cap(
+    capped = backlog_cap(
         n,
         current,
         queued_tokens=load.queued_prefill_tokens,
-        # the prompts in the engines now (FPM) show a longer-prompt shift before the traffic window does
-        arrival_tokens_per_s=(rate or 0.0) * max(isl, engine_isl),
+        arrival_tokens_per_s=arrival_tokens_per_s,
         capacity_tokens_per_s=tokens_per_s * current * dp if current > 0 else 0.0,
         startup_s=startup_s,
         arrivals_need=arrivals,
@@ -414,6 +454,15 @@ def recommend_sla(
         parts.append(f"TTFT {ttft:.1f} ms <= {ttft_limit:.1f}")
     if itl is not None:
         parts.append(f"ITL {itl:.1f} ms <= {itl_limit:.1f}")
+    if n > 1 and mixed is None and check_itl and rate and osl and n - 1 not in batch_limited:
+        evaluate(n - 1)
+    if n - 1 in batch_limited:
+        # one replica fewer would meet the ITL by the step model, but its decode batch is past the engine's limit
+        reason = Reason.DECODE_BATCH_LIMIT
+        parts.append(
+            f"{n - 1} replicas: a decode batch of {batch_limited[n - 1]:.0f} per engine, past max_num_seqs"
+            f" {rec.max_num_seqs:.0f}"
+        )
     return Recommendation(
         replicas=n,
         reason=reason,
@@ -422,54 +471,6 @@ def recommend_sla(
         predicted_ttft_ms=_finite(ttft),
         predicted_itl_ms=_finite(itl),
         arrivals_replicas=arrivals,
-    )
-
-
-def _backlog_cap(
-    searched: int | None,
-    current: int,
-    *,
-    queued_tokens: float,
-    arrival_tokens_per_s: float,
-    capacity_tokens_per_s: float,
-    startup_s: float,
-    arrivals_need: int | None,
-) -> tuple[int, Reason, str] | None:
-    """The backlog-aware cap of a scale-up (see :func:`recommend_sla`): None when it does not bind (no scale-up
-    asked, no queue, no rate, no start-up delay or no capacity up), else (count, reason, detail).
-    ``searched`` is the search's answer (None: no count met the SLA); ``arrivals_need`` the fewest replicas
-    meeting it for the arrivals alone, with no backlog (None: none)."""
-    if searched is not None and searched <= current:
-        return None
-    if current <= 0 or queued_tokens <= 0 or arrival_tokens_per_s <= 0 or startup_s <= 0:
-        return None
-    if not math.isfinite(capacity_tokens_per_s) or capacity_tokens_per_s <= 0:
-        return None
-    need = arrivals_need
-    if need is None:
-        return None  # the arrivals alone cannot be served: the search's answer stands
-    surplus = capacity_tokens_per_s - arrival_tokens_per_s
-    drain_s = queued_tokens / surplus if surplus > 0 else math.inf
-    backlog = f"{queued_tokens:.0f} queued prefill tokens"
-    if drain_s <= startup_s:
-        count = max(need, current)
-        if searched is not None and count >= searched:
-            return None
-        return (
-            count,
-            Reason.BACKLOG_DRAINS_BEFORE_STARTUP,
-            f"{backlog} drain in {drain_s:.0f} s on {current} replicas, before a start-up ({startup_s:.0f} s):"
-            f" {count} for the arrivals",
-        )
-    count = current + need
-    if searched is not None and count >= searched:
-        return None
-    drains = f"drain in {drain_s:.0f} s" if math.isfinite(drain_s) else "grow"
-    return (
-        count,
-        Reason.BACKLOG_OUTLASTS_STARTUP,
-        f"{backlog} {drains} on {current} replicas, past a start-up ({startup_s:.0f} s); queued requests stay"
-        f" there: {current} + {need} for the arrivals",
     )
 
 

@@ -237,7 +237,8 @@ def test_a_backlog_that_drains_before_a_start_up_holds_instead_of_scaling_up(mod
     arrivals, arriving after the queue was gone. Now: a hold, with the reason and the drain time."""
     load = RoleLoad(queued_prefill_tokens=1e6, decode_requests=20, decode_kv_tokens=20 * 2100)
     traffic = Traffic(request_rate_per_s=2.0, isl_tokens=2000.0, osl_tokens=200.0)
-    rec = recommend_sla(Role.AGG, 4, _reconciled(4), load, traffic, model, SLA, 0.0, 256, startup_s=60.0)
+    queued = msgspec.structs.replace(_reconciled(4), prefill_requests=500.0)  # 2000-token prompts in the engines
+    rec = recommend_sla(Role.AGG, 4, queued, load, traffic, model, SLA, 0.0, 256, startup_s=60.0)
     assert rec.replicas == 4
     assert rec.reason == Reason.BACKLOG_DRAINS_BEFORE_STARTUP
     assert "before a start-up (60 s)" in rec.detail
@@ -271,7 +272,9 @@ def test_the_prompts_in_the_engines_show_a_shift_before_the_traffic_window(model
     load = RoleLoad(queued_prefill_tokens=400_000, scheduled_prefill_tokens=2048, decode_requests=40)
     rec = recommend_sla(Role.AGG, 2, _reconciled(2), load, traffic, model, SLA, 0.0, 256, startup_s=60.0)
     assert rec.replicas > 2
-    assert rec.reason == Reason.SLA_NEEDS_MORE
+    # prompts this long (50k tokens each in the engines) prefill far below one chunk's rate alone: the queue outlasts
+    # a start-up, and the scale-up is the current count plus what the arrivals need
+    assert rec.reason == Reason.BACKLOG_OUTLASTS_STARTUP
     # the same queue made of short prompts (2000 requests in the engines): it drains within a start-up, a hold
     short = msgspec.structs.replace(_reconciled(2), prefill_requests=2000.0)
     rec = recommend_sla(Role.AGG, 2, short, load, traffic, model, SLA, 0.0, 256, startup_s=60.0)

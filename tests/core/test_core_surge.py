@@ -1,0 +1,171 @@
+"""Issue 13 item 4 (the core's side), from the scenario suite's misses: the drain of a prefill backlog counted at
+what the engines actually prefill (long prompts with decodes riding along), a decode batch past the engine's
+max_num_seqs, and the closed loop holding while a backlog left from before a scale-up drains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from perf_model.model import PerfModel
+from perf_model.step_timer import ProfileStepTimer
+from planner.core import Reason, RoleLoad, SlaTargets, Traffic
+from planner.core.config import SlaFeedbackConfig
+from planner.core.decision import Coverage
+from planner.core.feedback import FeedbackState, update_feedback
+from planner.core.recommend import recommend_sla
+from planner.core.reconcile import Reconciled
+from planner.discovery import EngineCapacity, Role
+
+H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
+SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
+H200_ENGINE = EngineCapacity(
+    max_num_batched_tokens=2048, max_num_seqs=256, max_model_len=131_072, kv_capacity_tokens=945_029
+)
+
+
+@pytest.fixture(scope="module")
+def timer() -> ProfileStepTimer:
+    return ProfileStepTimer.from_dir(H200_PROFILE)
+
+
+@pytest.fixture(scope="module")
+def agg_model(timer: ProfileStepTimer) -> PerfModel:
+    return PerfModel(Role.AGG, bootstrap=timer)
+
+
+@pytest.fixture(scope="module")
+def decode_model(timer: ProfileStepTimer) -> PerfModel:
+    return PerfModel(Role.DECODE, bootstrap=timer)
+
+
+def _reconciled(role: Role, engines: int, prefill_requests: float) -> Reconciled:
+    return Reconciled(
+        coverage=Coverage(
+            role=role,
+            service=role.value,
+            discovered=engines,
+            healthy=engines,
+            partial=0,
+            silent=0,
+            identity_not_synced=0,
+            not_ready=0,
+            ranks_expected=engines,
+            ranks_fresh=engines,
+            deployment_desired=engines,
+            deployment_ready=engines,
+            complete=True,
+        ),
+        load=RoleLoad(),
+        engines_expected=engines,
+        engines_reporting=engines,
+        engines_silent=0,
+        dp_per_replica=1,
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        kv_capacity_tokens=945_029,
+        prefill_requests=prefill_requests,
+    )
+
+
+def test_a_long_prompt_backlog_drains_at_what_the_engines_prefill_with_decodes_riding_along(
+    agg_model: PerfModel,
+) -> None:
+    """prompt_shift, cold, the first tick after prompts went from 300 to ~4400 tokens at 19 req/s: 69k prompt
+    tokens queued on 2 engines. One 2048-token chunk alone prefills ~42k tokens/s, so 2 engines seemed to keep up
+    with the 84k tokens/s arriving (a backlog of 89k after a start-up: 3 replicas, which left the queue growing on
+    the 2 ready ones for a start-up and then draining for another minute: 93.35 %). With the decodes riding along
+    and each chunk attending to the earlier ones, an engine prefills ~37k tokens/s of such prompts (the simulated
+    engine served 37-39k): the queue grows on 2, outlasts a start-up, and the scale-up is the current count plus
+    what the arrivals need (backlog_outlasts_startup) at once."""
+    traffic = Traffic(
+        request_rate_per_s=19.1,
+        isl_tokens=4394.0,
+        osl_tokens=143.6,
+        isl_tokens_p50=3872.0,
+        isl_tokens_p90=7999.0,
+        isl_tokens_p99=13245.0,
+        osl_tokens_p50=122.6,
+        osl_tokens_p90=240.9,
+        osl_tokens_p99=451.2,
+    )
+    load = RoleLoad(
+        queued_prefill_tokens=68_523, scheduled_prefill_tokens=4000, decode_requests=96, decode_kv_tokens=442_049
+    )
+    queued = _reconciled(Role.AGG, 2, prefill_requests=19.0)
+    rec = recommend_sla(Role.AGG, 2, queued, load, traffic, agg_model, SLA, 0.0, 256, startup_s=60.0)
+    assert rec.reason == Reason.BACKLOG_OUTLASTS_STARTUP
+    assert rec.arrivals_replicas is not None
+    assert rec.replicas == 2 + rec.arrivals_replicas
+    assert rec.replicas >= 5
+    # short prompts at the same token rate: an engine prefills them faster than one chunk alone says, and the
+    # backlog is sized as before (the lower of the two throughputs counts)
+    short = Traffic(request_rate_per_s=40.0, isl_tokens=1000.0, osl_tokens=143.6)
+    many = _reconciled(Role.AGG, 2, prefill_requests=72.0)
+    before = recommend_sla(Role.AGG, 2, many, load, short, agg_model, SLA, 0.0, 256, startup_s=60.0)
+    assert before.reason != Reason.BACKLOG_OUTLASTS_STARTUP
+
+
+def test_a_decode_batch_past_max_num_seqs_is_not_a_count_that_meets_the_itl(decode_model: PerfModel) -> None:
+    """flash_crowd, disaggregated, restore: 78 req/s of 182-token outputs. On one decode engine Little's law puts
+    ~540 requests in the batch at the predicted 38 ms ITL, but the engine runs at most 256 (max_num_seqs): the rest
+    wait between tokens. Before: 1 replica met the ITL (38 ms <= 50), the core scaled 2 -> 1 and 709 requests missed
+    their ITL (97.44 %). Now one engine is infeasible there, and the count stays at 2 (decode_batch_limit)."""
+    traffic = Traffic(request_rate_per_s=78.4, isl_tokens=1180.0, osl_tokens=181.6)
+    load = RoleLoad(decode_requests=144, decode_kv_tokens=144 * 1300)
+    rec = recommend_sla(Role.DECODE, 2, _reconciled(Role.DECODE, 2, 0.0), load, traffic, decode_model, SLA, 0.0, 256)
+    assert rec.replicas == 2
+    assert rec.reason == Reason.DECODE_BATCH_LIMIT
+    assert "1 replicas: a decode batch of" in rec.detail
+    # under the batch limit the ITL alone decides, as before: a quarter of the rate fits one engine
+    light = msgspec.structs.replace(traffic, request_rate_per_s=78.4 / 4)
+    rec = recommend_sla(Role.DECODE, 2, _reconciled(Role.DECODE, 2, 0.0), load, light, decode_model, SLA, 0.0, 256)
+    assert rec.replicas == 1
+    assert rec.reason == Reason.SLA_ALLOWS_FEWER
+
+
+def _window(ttft: float, itl: float) -> Traffic:
+    return Traffic(
+        request_rate_per_s=20.0,
+        ttft_attainment_frac=ttft,
+        itl_attainment_frac=itl,
+        ttft_samples_in_window=350,
+        itl_samples_in_window=250,
+        ttft_ms_p50=1500.0,
+        ttft_ms_p90=9000.0,
+        ttft_ms_p99=14_000.0,
+        window_s=10.0,
+    )
+
+
+def test_the_loop_holds_while_a_backlog_from_before_the_scale_up_drains() -> None:
+    """prompt_shift, cold: 5 replicas all up at 970 s, the 1.4M-token backlog queued before they came falls 1.0M ->
+    0.66M tokens in 5 s (gone in ~9 s). The window's requests (57 % within TTFT, 39 % within ITL) queued behind it,
+    or decoded through its prompts' chunks: capacity decided now would come after it drained. Before: the ITL
+    correction went to its bound in one tick (5 -> 8 replicas). Now it holds (sla_feedback_frozen); a queue that
+    grows, or one that drains slower than a start-up, tightens as before."""
+    cfg = SlaFeedbackConfig()
+    state = FeedbackState(
+        ttft_frac=-0.27, itl_frac=-0.27, last_at=975.0, in_flight_at=965.0, queued_prefill_tokens=1_020_000
+    )
+    traffic = _window(0.569, 0.392)
+    held = update_feedback(state, traffic, 980.0, cfg, in_flight=False, queued_prefill_tokens=659_000, startup_s=60.0)
+    assert held.reason == Reason.SLA_FEEDBACK_FROZEN
+    assert (held.state.ttft_frac, held.state.itl_frac) == (-0.27, -0.27)
+    assert "drains in 9 s" in held.detail
+    assert held.state.queued_prefill_tokens == 659_000
+    grows = update_feedback(
+        state, traffic, 980.0, cfg, in_flight=False, queued_prefill_tokens=1_100_000, startup_s=60.0
+    )
+    assert grows.state.itl_frac > -0.27
+    slow = update_feedback(state, traffic, 980.0, cfg, in_flight=False, queued_prefill_tokens=1_000_000, startup_s=60.0)
+    assert slow.state.itl_frac > -0.27  # 20k tokens in 5 s: 250 s to drain, past a start-up
+    late = msgspec.structs.replace(state, in_flight_at=900.0)  # the capacity came more than a start-up ago
+    assert (
+        update_feedback(
+            late, traffic, 980.0, cfg, in_flight=False, queued_prefill_tokens=659_000, startup_s=60.0
+        ).state.itl_frac
+        > -0.27
+    )
