@@ -272,9 +272,7 @@ def test_the_prompts_in_the_engines_show_a_shift_before_the_traffic_window(model
     load = RoleLoad(queued_prefill_tokens=400_000, scheduled_prefill_tokens=2048, decode_requests=40)
     rec = recommend_sla(Role.AGG, 2, _reconciled(2), load, traffic, model, SLA, 0.0, 256, startup_s=60.0)
     assert rec.replicas > 2
-    # prompts this long (50k tokens each in the engines) prefill far below one chunk's rate alone: the queue outlasts
-    # a start-up, and the scale-up is the current count plus what the arrivals need
-    assert rec.reason == Reason.BACKLOG_OUTLASTS_STARTUP
+    assert rec.reason == Reason.SLA_NEEDS_MORE
     # the same queue made of short prompts (2000 requests in the engines): it drains within a start-up, a hold
     short = msgspec.structs.replace(_reconciled(2), prefill_requests=2000.0)
     rec = recommend_sla(Role.AGG, 2, short, load, traffic, model, SLA, 0.0, 256, startup_s=60.0)
