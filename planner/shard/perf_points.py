@@ -275,7 +275,3 @@ class PerfPointListener(_DecodingListener[PerfPoints]):
         with self.lock:
             points, self._pending = self._pending, []
         return points
-
-    def start(self) -> PerfPointListener:
-        super().start()
-        return self

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Self, TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -231,7 +231,7 @@ class _NatsListener:
         if not future.cancelled() and future.exception() is not None:
             self.publish_errors += 1
 
-    def start(self) -> _NatsListener:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -240,6 +240,12 @@ class _NatsListener:
 
     def close(self) -> None:
         self._thread.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _DecodingListener(_NatsListener, Generic[T]):
@@ -307,16 +313,6 @@ class SummaryListener(_DecodingListener[ShardSummary]):
     def _apply(self, item: ShardSummary) -> None:
         self.merger.update(item)
 
-    def start(self) -> SummaryListener:
-        super().start()
-        return self
-
-    def __enter__(self) -> SummaryListener:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class MembershipFollower(_DecodingListener[Membership]):
     """A shard's subscription to the leader's membership: the newest complete one, and an event set when one
@@ -361,13 +357,3 @@ class MembershipFollower(_DecodingListener[Membership]):
             latest, self.latest = self.latest, None
             self.arrived.clear()
         return latest
-
-    def start(self) -> MembershipFollower:
-        super().start()
-        return self
-
-    def __enter__(self) -> MembershipFollower:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
