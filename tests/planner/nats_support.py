@@ -8,10 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["NatsServer", "free_port", "nats_server_binary", "wait_until"]
+from planner.transport.nats_config import render_server_config
+
+__all__ = ["NatsServer", "free_port", "nats_server_binary", "sharded_config", "wait_until"]
 
 
 def nats_server_binary() -> str:
@@ -38,6 +40,22 @@ def free_port() -> int:
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+
+
+def sharded_config(namespace: str, *, workers: Mapping[str, str], consumers: Mapping[str, str]) -> Callable[[int], str]:
+    """The configuration (for a port) of a server for sharded ingest in ``namespace``: ``workers`` and ``consumers``
+    (user -> password), the consumers (shards, leader) also allowed to publish on ``fpm-shard.<namespace>.>``."""
+
+    def config(port: int) -> str:
+        return render_server_config(
+            port=port,
+            namespace=namespace,
+            workers=dict(workers),
+            consumers=dict(consumers),
+            consumer_publish=[f"fpm-shard.{namespace}.>"],
+        )
+
+    return config
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:

@@ -15,26 +15,17 @@ from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import FleetStore
 from planner.shard.membership import membership_parts, membership_subject
 from planner.shard.process import MembershipFollower
-from planner.transport.nats_config import render_server_config
 from planner.transport.nats_source import NatsFpmSource
-from tests.planner.nats_support import NatsServer, wait_until
+from tests.planner.nats_support import NatsServer, sharded_config, wait_until
 
 NS = "prod"
 
 
-def _config(port: int) -> str:
-    return render_server_config(
-        port=port,
-        namespace=NS,
-        workers={"w0": "pw0"},
-        consumers={"s0": "p0", "planner": "pp"},
-        consumer_publish=[f"fpm-shard.{NS}.>"],
-    )
-
-
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    with NatsServer(_config, tmp_path) as srv:
+    with NatsServer(
+        sharded_config(NS, workers={"w0": "pw0"}, consumers={"s0": "p0", "planner": "pp"}), tmp_path
+    ) as srv:
         yield srv
 
 

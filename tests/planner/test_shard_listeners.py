@@ -17,27 +17,16 @@ from planner.shard.membership import membership_parts, membership_subject
 from planner.shard.merge import SummaryMerger
 from planner.shard.process import IngestShard, MembershipFollower, SummaryListener, summary_subject
 from planner.shard.summary import encode_summary
-from planner.transport.nats_config import render_server_config
 from planner.transport.nats_connect import connect_retrying
-from tests.planner.nats_support import NatsServer, wait_until
+from tests.planner.nats_support import NatsServer, sharded_config, wait_until
 from worker_shim.relay import FpmRelay
 
 NS = "prod"
 
 
-def _config(port: int) -> str:
-    return render_server_config(
-        port=port,
-        namespace=NS,
-        workers={"w0": "pw0"},
-        consumers={"s0": "p0", "leader": "pl"},
-        consumer_publish=[f"fpm-shard.{NS}.>"],
-    )
-
-
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    with NatsServer(_config, tmp_path) as srv:
+    with NatsServer(sharded_config(NS, workers={"w0": "pw0"}, consumers={"s0": "p0", "leader": "pl"}), tmp_path) as srv:
         yield srv
 
 
