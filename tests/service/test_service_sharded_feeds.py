@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,17 @@ from planner.shard.summary import decode_summary
 from tests.planner.nats_support import NatsServer
 from tests.planner.test_shard_merge import fleet as worker_records
 from tests.service.support import TOKEN, serve_runner, wait_for
-from tests.service.test_service_sharded import DECODE, DP, NS, RANKS, Fleet, _diagnostics, _shard_process, server
+from tests.service.test_service_sharded import (
+    DECODE,
+    DP,
+    NS,
+    RANKS,
+    Fleet,
+    _diagnostics,
+    _shard_process,
+    _stop_shard,
+    server,
+)
 from worker_shim.fpm import ScheduledRequests
 
 __all__ = ["server"]  # the nats-server fixture
@@ -142,12 +150,7 @@ def test_the_sharded_service_applies_its_limits_shows_rank_counters_and_feeds_th
 
             wait_for(refused, timeout_s=20)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_shard(proc)
         fleet.close()
 
 
@@ -247,10 +250,5 @@ def test_with_the_perf_model_disabled_the_leader_announces_no_points_and_the_sha
             diagnostics = runner.ingest.diagnostics()["perf_points"]
             assert diagnostics["rate_per_s"] == 0 and diagnostics["received"] == 0 and diagnostics["fed"] == 0
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_shard(proc)
         fleet.close()

@@ -6,7 +6,6 @@ shards; their summaries carry the traffic counters, and the service shows the tr
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tests.service.test_service_sharded import (
     _explain,
     _runner,
     _shard_process,
+    _stop_shard,
     server,
 )
 from tests.service.test_service_traffic import check_window, step_traffic
@@ -100,10 +100,5 @@ def test_the_sharded_service_shows_the_fpm_traffic_of_every_shard_in_diagnostics
             assert inputs["osl_tokens"] == traffic["osl_tokens"]
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            _stop_shard(proc)
         fleet.close()
