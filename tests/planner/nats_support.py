@@ -8,12 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from planner.transport.nats_config import render_server_config
 
-__all__ = ["NatsServer", "free_port", "nats_server_binary", "sharded_config", "wait_until"]
+__all__ = ["NatsServer", "free_port", "nats_server_binary", "server_config", "sharded_config", "wait_until"]
 
 
 def nats_server_binary() -> str:
@@ -42,9 +42,11 @@ def free_port() -> int:
             return port
 
 
-def sharded_config(namespace: str, *, workers: Mapping[str, str], consumers: Mapping[str, str]) -> Callable[[int], str]:
-    """The configuration (for a port) of a server for sharded ingest in ``namespace``: ``workers`` and ``consumers``
-    (user -> password), the consumers (shards, leader) also allowed to publish on ``fpm-shard.<namespace>.>``."""
+def server_config(
+    namespace: str, *, workers: Mapping[str, str], consumers: Mapping[str, str], consumer_publish: Sequence[str] = ()
+) -> Callable[[int], str]:
+    """The configuration (for a port) of a server for ``namespace``'s FPM: ``workers`` and ``consumers`` (user ->
+    password), the consumers also allowed to publish on ``consumer_publish``."""
 
     def config(port: int) -> str:
         return render_server_config(
@@ -52,10 +54,16 @@ def sharded_config(namespace: str, *, workers: Mapping[str, str], consumers: Map
             namespace=namespace,
             workers=dict(workers),
             consumers=dict(consumers),
-            consumer_publish=[f"fpm-shard.{namespace}.>"],
+            consumer_publish=list(consumer_publish),
         )
 
     return config
+
+
+def sharded_config(namespace: str, *, workers: Mapping[str, str], consumers: Mapping[str, str]) -> Callable[[int], str]:
+    """:func:`server_config` for sharded ingest: the consumers (shards, leader) may also publish on the shards'
+    subjects ``fpm-shard.<namespace>.>``."""
+    return server_config(namespace, workers=workers, consumers=consumers, consumer_publish=[f"fpm-shard.{namespace}.>"])
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:

@@ -17,10 +17,9 @@ pytest.importorskip("vllm")
 
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import FleetStore
-from planner.transport.nats_config import render_server_config
 from planner.transport.nats_source import NatsFpmSource
 from tests.fakes.tiny_vllm import free_port_base, write_tiny_llama
-from tests.planner.nats_support import NatsServer, wait_until
+from tests.planner.nats_support import NatsServer, server_config, wait_until
 from tests.worker_shim.test_shim_launcher import Launched, _engine_args
 
 pytestmark = pytest.mark.vllm
@@ -31,10 +30,7 @@ WORKER = "w-relayed"
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    def config(port: int) -> str:
-        return render_server_config(port=port, namespace=NS, workers={WORKER: "pw1"}, consumers={"planner": "pp"})
-
-    with NatsServer(config, tmp_path) as srv:
+    with NatsServer(server_config(NS, workers={WORKER: "pw1"}, consumers={"planner": "pp"}), tmp_path) as srv:
         yield srv
 
 

@@ -19,10 +19,9 @@ import pytest
 
 from planner.discovery import Role, WorkerRecord
 from planner.ingest.store import FleetStore
-from planner.transport.nats_config import render_server_config
 from planner.transport.nats_source import NatsFpmSource
 from tests.fakes.tiny_vllm import free_port_base
-from tests.planner.nats_support import NatsServer, wait_until
+from tests.planner.nats_support import NatsServer, server_config, wait_until
 from worker_shim.parent_watch import ENV_PARENT_PID
 from worker_shim.publisher import FpmPublisher
 
@@ -33,10 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    def config(port: int) -> str:
-        return render_server_config(port=port, namespace=NS, workers={WORKER: "pw1"}, consumers={"planner": "pp"})
-
-    with NatsServer(config, tmp_path) as srv:
+    with NatsServer(server_config(NS, workers={WORKER: "pw1"}, consumers={"planner": "pp"}), tmp_path) as srv:
         yield srv
 
 

@@ -17,10 +17,9 @@ import pytest
 from planner.discovery import Role, WorkerRecord
 from planner.errors import ConfigError
 from planner.ingest.store import FleetStore
-from planner.transport.nats_config import render_server_config
 from planner.transport.nats_source import NatsFpmSource
 from tests.fakes.tiny_vllm import free_port_base
-from tests.planner.nats_support import NatsServer, wait_until
+from tests.planner.nats_support import NatsServer, server_config, wait_until
 from worker_shim.launcher import LauncherSettings, add_launcher_arguments
 from worker_shim.publisher import FpmPublisher
 from worker_shim.relay_supervisor import RelaySettings, RelaySupervisor
@@ -91,10 +90,7 @@ def test_bad_relay_settings_name_the_flag(argv: tuple[str, ...], env: dict[str, 
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[NatsServer]:
-    def config(port: int) -> str:
-        return render_server_config(port=port, namespace=NS, workers={WORKER: "pw1"}, consumers={"planner": "pp"})
-
-    with NatsServer(config, tmp_path) as srv:
+    with NatsServer(server_config(NS, workers={WORKER: "pw1"}, consumers={"planner": "pp"}), tmp_path) as srv:
         yield srv
 
 
