@@ -20,6 +20,7 @@ from planner.shard.partition import partition
 from planner.shard.process import SummaryListener
 from planner.transport.nats_config import render_server_config
 from tests.planner.nats_support import NatsServer, free_port, wait_until
+from tests.service.support import stop_process
 from worker_shim.publisher import FpmPublisher
 from worker_shim.relay import FpmRelay
 
@@ -106,12 +107,7 @@ def test_shard_processes_cover_every_rank_and_one_takes_over_when_the_other_leav
         assert listener.bad_summaries == 0
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_process(proc)
         listener.close()
         for relay in relays:
             relay.close()

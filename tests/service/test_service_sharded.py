@@ -32,7 +32,7 @@ from planner.service.sharded_ingest import ShardedIngest
 from planner.shard.partition import partition
 from planner.transport.nats_config import render_server_config
 from tests.planner.nats_support import NatsServer
-from tests.service.support import AUTH, TOKEN, Served, serve_runner, wait_for
+from tests.service.support import AUTH, TOKEN, Served, serve_runner, stop_process, wait_for
 from worker_shim.fpm import QueuedRequests, ScheduledRequests
 from worker_shim.publisher import FpmPublisher
 from worker_shim.relay import FpmRelay
@@ -174,16 +174,6 @@ def _shard_process(server: NatsServer, shard_id: str) -> subprocess.Popen[bytes]
     return subprocess.Popen(cmd, env={**os.environ, "FPM_NATS_PASSWORD": "ps"}, stderr=subprocess.DEVNULL)
 
 
-def _stop_shard(proc: subprocess.Popen[bytes]) -> None:
-    """End a shard process that still runs: SIGTERM, SIGKILL when it has not exited within 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def _diagnostics(served: Served) -> dict[str, Any]:
     response = served.http.get("/v1/diagnostics", headers=AUTH)
     response.raise_for_status()
@@ -293,7 +283,7 @@ def test_the_service_decides_from_shard_processes_that_join_and_leave_and_never_
                 assert entry["decision"]["inputs"]["engines_reporting"] < RANKS
     finally:
         for proc in procs.values():
-            _stop_shard(proc)
+            stop_process(proc)
         fleet.close()
 
 

@@ -32,7 +32,7 @@ from planner.shard.process import MembershipFollower, summary_subject
 from planner.shard.summary import decode_summary
 from tests.planner.nats_support import NatsServer
 from tests.planner.test_shard_merge import fleet as worker_records
-from tests.service.support import TOKEN, serve_runner, wait_for
+from tests.service.support import TOKEN, serve_runner, stop_process, wait_for
 from tests.service.test_service_sharded import (
     DECODE,
     DP,
@@ -41,7 +41,6 @@ from tests.service.test_service_sharded import (
     Fleet,
     _diagnostics,
     _shard_process,
-    _stop_shard,
     server,
 )
 from worker_shim.fpm import ScheduledRequests
@@ -150,7 +149,7 @@ def test_the_sharded_service_applies_its_limits_shows_rank_counters_and_feeds_th
 
             wait_for(refused, timeout_s=20)
     finally:
-        _stop_shard(proc)
+        stop_process(proc)
         fleet.close()
 
 
@@ -250,5 +249,5 @@ def test_with_the_perf_model_disabled_the_leader_announces_no_points_and_the_sha
             diagnostics = runner.ingest.diagnostics()["perf_points"]
             assert diagnostics["rate_per_s"] == 0 and diagnostics["received"] == 0 and diagnostics["fed"] == 0
     finally:
-        _stop_shard(proc)
+        stop_process(proc)
         fleet.close()

@@ -13,7 +13,7 @@ from typing import Any
 from planner.service.sharded_ingest import ShardedIngest
 from planner.shard.partition import partition
 from tests.planner.nats_support import NatsServer
-from tests.service.support import serve_runner, wait_for
+from tests.service.support import serve_runner, stop_process, wait_for
 from tests.service.test_service_sharded import (
     DECODE,
     DP,
@@ -26,7 +26,6 @@ from tests.service.test_service_sharded import (
     _explain,
     _runner,
     _shard_process,
-    _stop_shard,
     server,
 )
 from tests.service.test_service_traffic import check_window, step_traffic
@@ -100,5 +99,5 @@ def test_the_sharded_service_shows_the_fpm_traffic_of_every_shard_in_diagnostics
             assert inputs["osl_tokens"] == traffic["osl_tokens"]
     finally:
         for proc in procs.values():
-            _stop_shard(proc)
+            stop_process(proc)
         fleet.close()
