@@ -127,13 +127,27 @@ def stabilize(
     now: float,
     up_window_s: float,
     down_window_s: float,
+    gap_hold: tuple[float, int] | None = None,
 ) -> Clamped:
     """HPA stabilization over ``recommendations`` (which include this tick's): a scale-down goes no lower than
     the highest recommendation of the last ``down_window_s``; a scale-up no higher than the lowest of the last
-    ``up_window_s``. Never past the current count."""
+    ``up_window_s``. Never past the current count. ``gap_hold`` ``(window_s, count)``
+    (:func:`planner.core.startup.gap_hold`): a scale-down also goes no lower than the highest recommendation of
+    the last ``window_s``, up to ``count`` (reason ``scale_down_held_across_gaps`` when that binds)."""
     if value < current:
         highest = max((r for at, r in recommendations if at > now - down_window_s), default=value)
         floor = min(max(value, highest), current)
+        if gap_hold is not None:
+            window_s, count = gap_hold
+            held_highest = max((r for at, r in recommendations if at > now - window_s), default=value)
+            held = min(held_highest, count, current)
+            if held > floor:
+                return Clamped(
+                    replicas=held,
+                    reason=Reason.SCALE_DOWN_HELD_ACROSS_GAPS,
+                    detail=f"highest recommendation in the last {window_s:g} s is {held_highest}, held up to"
+                    f" {count}, the most the traffic bought back in the last 30 minutes",
+                )
         if floor > value:
             return Clamped(
                 replicas=floor,

@@ -310,8 +310,9 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # start-up (snapshot restore) makes the planner leaner by itself.
     scale_down_window_startups: float | None = 2.0
     # Cost-aware scale-down across idle gaps: when capacity released was bought back after a gap of g seconds (a
-    # scale-up within this long of a scale-down), the scale-down window grows to 1.5 g (at most this long) while
-    # such gaps were seen in the last 30 minutes: capacity the recent history says comes back is not released.
+    # scale-up within this long of a scale-down) in the last 30 minutes, the scale-down window grows to 1.5 g (at
+    # most this long) and, beyond it, a scale-down goes no lower than the highest recommendation of this long, up
+    # to the most that came back: capacity the recent history says comes back is not released.
     # None: the window stays as configured.
     hold_across_gaps_max_s: float | None = 600.0
     # An in-flight scale-up's target may be raised (in_flight_target_raised) when the request rate grew by at least

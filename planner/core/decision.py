@@ -87,6 +87,7 @@ class Reason(enum.StrEnum):
     SLA_FEEDBACK_HELD = "sla_feedback_held"
     # forecast
     FORECAST_FLOOR = "forecast_floor"
+    FORECAST_TREND_DAMPED = "forecast_trend_damped"
     FORECAST_BELOW_LOAD = "forecast_below_load"
     FORECAST_NO_DATA = "forecast_no_data"
     # bounds
@@ -98,6 +99,7 @@ class Reason(enum.StrEnum):
     SCALE_DOWN_RATE_LIMITED = "scale_down_rate_limited"
     # stabilize
     SCALE_DOWN_STABILIZED = "scale_down_stabilized"
+    SCALE_DOWN_HELD_ACROSS_GAPS = "scale_down_held_across_gaps"
     SCALE_UP_STABILIZED = "scale_up_stabilized"
     # safety (coverage)
     IDENTITY_NOT_SYNCED = "identity_not_synced"

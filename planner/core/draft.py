@@ -17,13 +17,14 @@ from planner.core.clamp import Clamped, apply_bounds, rate_limit, stabilize
 from planner.core.config import CoreConfig, ForecastMethod, RoleConfig
 from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
-from planner.core.forecast import ForecastState, derived_capacity, forecast_rate, update_forecast
+from planner.core.forecast import ForecastState, damped_floor, derived_capacity, forecast_rate, update_forecast
 from planner.core.observation import Observation, RoleLoad, Traffic
 from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
 from planner.core.reconcile import Reconciled
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
 from planner.core.startup import (
     effective_startup_s,
+    gap_hold,
     in_flight_raise_to,
     measured_startup_s,
     scale_down_window_s,
@@ -217,7 +218,16 @@ def draft_service(
             need = predicted_rate / capacity if capacity and predicted_rate > 0 else 0.0
             floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
             detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s -> floor {floor}"
-            if floor > value:
+            damped = damped_floor(fstate, fc, floor, value, capacity)
+            if damped is not None:
+                floor, damped_detail = damped
+                value = add_stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(replicas=floor, reason=Reason.FORECAST_TREND_DAMPED, detail=f"{detail}; {damped_detail}"),
+                )
+            elif floor > value:
                 value = add_stage(
                     stages,
                     reasons,
@@ -238,7 +248,8 @@ def draft_service(
         stages, reasons, Stage.BOUNDS, apply_bounds(value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds)
     )
     down_window_s = scale_down_window_s(rc, sstate, now)
-    keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s)
+    hold = gap_hold(rc, sstate, now)
+    keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s, hold[0] if hold is not None else 0.0)
     recommendations = (*prune(sstate.recommendations, now, keep_recs_s), (now, value))
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
     events = sstate.scale_events
@@ -263,6 +274,7 @@ def draft_service(
             now,
             rc.scale_up.stabilization_window_s,
             down_window_s,
+            gap_hold=hold,
         ),
     )
 
@@ -308,6 +320,7 @@ def draft_service(
         scale_up_at=sstate.scale_up_at if in_flight else None,
         scale_downs=sstate.scale_downs,
         rebuy_gaps=sstate.rebuy_gaps,
+        rebuy_counts=sstate.rebuy_counts,
         scale_up_rate_per_s=sstate.scale_up_rate_per_s,
         forecast=fstate,
         feedback=feedback.state,

@@ -12,7 +12,14 @@ import msgspec
 from planner.core.config import RoleConfig
 from planner.core.state import ServiceState
 
-__all__ = ["effective_startup_s", "in_flight_raise_to", "measured_startup_s", "record_scale", "scale_down_window_s"]
+__all__ = [
+    "effective_startup_s",
+    "gap_hold",
+    "in_flight_raise_to",
+    "measured_startup_s",
+    "record_scale",
+    "scale_down_window_s",
+]
 
 
 def effective_startup_s(rc: RoleConfig, state: ServiceState) -> float:
@@ -30,7 +37,9 @@ def measured_startup_s(state: ServiceState, in_flight: bool, now: float) -> floa
     return observed
 
 
-_GAP_MEMORY_S = 1800.0  # re-buy gaps older than this no longer hold capacity
+_GAP_MEMORY_S = 1800.0  # re-buys older than this no longer hold capacity
+
+
 _GAP_HOLD_FACTOR = 1.5
 
 
@@ -38,7 +47,7 @@ def scale_down_window_s(rc: RoleConfig, state: ServiceState, now: float) -> floa
     """``scale_down_window_startups`` start-ups when set (capacity released on a dip costs a start-up to buy back,
     so a faster start-up makes the planner leaner by itself), else ``scale_down.stabilization_window_s``; grown
     to 1.5 x the longest idle gap after which released capacity was bought back in the last 30 minutes (at
-    most ``hold_across_gaps_max_s``): capacity the recent history says comes back is not released."""
+    most ``hold_across_gaps_max_s``). What is held across idle gaps beyond it is :func:`gap_hold`'s."""
     if rc.scale_down_window_startups is None:
         window = rc.scale_down.stabilization_window_s
     else:
@@ -50,9 +59,24 @@ def scale_down_window_s(rc: RoleConfig, state: ServiceState, now: float) -> floa
     return window
 
 
+def gap_hold(rc: RoleConfig, state: ServiceState, now: float) -> tuple[float, int] | None:
+    """``(hold_across_gaps_max_s, count)`` while a re-buy is remembered (the last 30 minutes): a scale-down goes no
+    lower than the highest recommendation of that window, up to the highest count the traffic bought back (the
+    capacity its history says comes back; a replica bought back on a trickle's noise does not hold a crowd's
+    peak). The whole window, not a multiple of the gap seen: on bursty traffic the next gap is not the last
+    one's length (Azure code x40: bought back after ~3 minutes, the next surge came ~5 minutes later, on the 4
+    replicas left of 36). None: no re-buy remembered, or ``hold_across_gaps_max_s`` unset."""
+    cap = rc.hold_across_gaps_max_s
+    counts = [count for at, count in state.rebuy_counts if at > now - _GAP_MEMORY_S]
+    if cap is None or not counts:
+        return None
+    return cap, max(counts)
+
+
 def record_scale(state: ServiceState, rc: RoleConfig, current: int, final: int, now: float) -> ServiceState:
     """Remember each scale-down (its time and the count it left), and a scale-up that buys capacity back: the gap
-    is the time since the fleet last left a count at or above the new target (within ``hold_across_gaps_max_s``)."""
+    is the time since the fleet last left a count at or above the new target (within ``hold_across_gaps_max_s``),
+    the count is the new target (what :func:`gap_hold` holds)."""
     downs = tuple(item for item in state.scale_downs if item[0] > now - _GAP_MEMORY_S)
     if final < current:
         return msgspec.structs.replace(state, scale_downs=(*downs, (now, current))[-32:])
@@ -62,7 +86,13 @@ def record_scale(state: ServiceState, rc: RoleConfig, current: int, final: int, 
         if left and now - left[-1] <= cap:
             kept = tuple(item for item in state.rebuy_gaps if item[0] > now - _GAP_MEMORY_S)
             gap = now - left[-1]
-            return msgspec.structs.replace(state, rebuy_gaps=(*kept, (now, gap))[-16:], scale_downs=downs)
+            counts = tuple(item for item in state.rebuy_counts if item[0] > now - _GAP_MEMORY_S)
+            return msgspec.structs.replace(
+                state,
+                rebuy_gaps=(*kept, (now, gap))[-16:],
+                rebuy_counts=(*counts, (now, final))[-16:],
+                scale_downs=downs,
+            )
     return msgspec.structs.replace(state, scale_downs=downs) if downs != state.scale_downs else state
 
 

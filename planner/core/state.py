@@ -35,6 +35,8 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     # released gap_s earlier: the idle gaps the traffic shows, which the scale-down window learns to hold across.
     scale_downs: tuple[tuple[float, int], ...] = ()
     rebuy_gaps: tuple[tuple[float, float], ...] = ()
+    # (at, count) of those re-buys: the count the traffic brought back, what is held across the next gaps.
+    rebuy_counts: tuple[tuple[float, int], ...] = ()
     # When the last scale-up was decided (a desired -> ready transition is measured from it).
     scale_up_at: float | None = None
     # The request rate when the last scale-up was decided (what an in-flight target may be raised against).

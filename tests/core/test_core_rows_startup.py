@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from planner.core import Mode, RoleConfig
-from planner.core.startup import in_flight_raise_to, measured_startup_s, record_scale
+from planner.core.startup import gap_hold, in_flight_raise_to, measured_startup_s, record_scale, scale_down_window_s
 from planner.core.state import ServiceState
 
 RC = RoleConfig(mode=Mode.THRESHOLD)  # hold_across_gaps_max_s 600 s, in_flight_raise_rate_growth_frac 0.2
@@ -74,3 +74,21 @@ def test_buying_back_later_than_the_cap_remembers_no_gap() -> None:
     state = ServiceState(scale_downs=((now - 601.0, 4),))
     after = record_scale(state, RC, 2, 4, now)
     assert after.rebuy_gaps == () and after.scale_downs == state.scale_downs
+
+
+@pytest.mark.parametrize("gap_s", [10.0, 100.0, 500.0])
+def test_a_remembered_rebuy_holds_its_count_for_the_cap_whatever_its_gap(gap_s: float) -> None:
+    now = 10000.0
+    rc = RoleConfig(mode=Mode.THRESHOLD, startup_s=60.0)  # 2 start-ups: 120 s; cap 600 s
+    state = ServiceState(rebuy_gaps=((now - 100.0, gap_s),), rebuy_counts=((now - 300.0, 9), (now - 100.0, 4)))
+    assert scale_down_window_s(rc, state, now) == max(120.0, min(1.5 * gap_s, 600.0))  # grown as before
+    assert gap_hold(rc, state, now) == (600.0, 9)
+    assert gap_hold(rc, state, now + 1701.0) is None  # both re-buys older than 30 minutes
+    assert gap_hold(rc, ServiceState(), now) is None
+
+
+def test_a_rebuy_remembers_the_count_bought_back() -> None:
+    now = 10000.0
+    state = ServiceState(scale_downs=((now - 200.0, 6),), rebuy_counts=((1000.0, 3), (9900.0, 2)))
+    after = record_scale(state, RC, 2, 5, now)
+    assert after.rebuy_counts == ((9900.0, 2), (now, 5))

@@ -158,8 +158,9 @@ def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
 
 
 def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
-    """Cost-aware scale-down: released at the first idle gap and bought back 100 s later, the capacity is held
-    across the next gap (the window grows to 1.5 x the gap) instead of being released and bought back again."""
+    """Cost-aware scale-down: released at the first idle gap and bought back 100 s later, the capacity bought back
+    is held across the next gap for ``hold_across_gaps_max_s`` (600 s, while such a re-buy is remembered: the
+    next gap need not be the last one's length) instead of being released and bought back again."""
     down = ScaleRules(
         stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
     )
@@ -170,7 +171,7 @@ def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
     fleet = _fleet(4)
     state = CoreState()
     busy, idle = Load(decode=4 * 204), Load(decode=1)
-    timeline = [(0.0, busy), (60.0, idle), (200.0, busy), (260.0, idle), (600.0, idle)]
+    timeline = [(0.0, busy), (60.0, idle), (200.0, busy), (260.0, idle), (1000.0, idle)]
     downs: list[float] = []
     now = 0.0
     for (start, load), (end, _) in itertools.pairwise(timeline):
@@ -187,4 +188,36 @@ def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
     assert 60.0 < first <= 100.0  # the first gap: released after the configured 30 s window
     gap = state.services["decode"].rebuy_gaps[0][1]
     assert 100.0 <= gap <= 140.0
-    assert second >= 260.0 + 1.5 * gap - 5.0  # the second gap: held for 1.5 x the gap seen
+    assert second >= 260.0 + 600.0 - 5.0  # the second gap: held for hold_across_gaps_max_s, not 1.5 x the gap
+
+
+def test_capacity_held_across_gaps_is_at_most_what_the_traffic_bought_back() -> None:
+    """Bought back at 2 replicas after an idle gap, the fleet then sees a burst of 8: once the scale-down window
+    (1.5 x the gap) has passed it is held at 2 (the capacity the history says comes back) for the rest of the
+    600 s hold, not at the burst's 8 and not released to 1."""
+    down = ScaleRules(
+        stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
+    )
+    rc = RoleConfig(
+        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, scale_down=down, scale_down_window_startups=None
+    )
+    config = CoreConfig(roles={Role.DECODE: rc})
+    fleet = _fleet(2)
+    state = CoreState()
+    two, eight, idle = Load(decode=2 * 204), Load(decode=8 * 204), Load(decode=1)
+    timeline = [(0.0, two), (60.0, idle), (200.0, two), (260.0, idle), (300.0, eight), (360.0, idle), (600.0, idle)]
+    counts: dict[float, int] = {}
+    reasons: dict[float, tuple[Reason, ...]] = {}
+    now = 0.0
+    for (start, load), (end, _) in itertools.pairwise(timeline):
+        now = start
+        while now < end:
+            fleet.publish_all(now, load)
+            state, d = fleet.tick(state, now, config)
+            if d["decode"].action != Action.HOLD:
+                fleet.apply(d["decode"])
+            counts[now], reasons[now] = d["decode"].final_replicas, d["decode"].reasons
+            now += 5.0
+    assert state.services["decode"].rebuy_counts[0][1] == 2
+    assert max(counts[t] for t in counts if 300.0 <= t < 360.0) == 8
+    assert counts[595.0] == 2 and Reason.SCALE_DOWN_HELD_ACROSS_GAPS in reasons[595.0]
