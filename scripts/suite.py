@@ -7,6 +7,7 @@ at a time, then prints one row per run and the targets: >= 99 % attainment, fewe
 
     .venv/bin/python scripts/suite.py --baselines /work/team/baselines --out /tmp/suite_X.json [--jobs 2]
         [--only flash_crowd,azure] [--compare /tmp/suite_Y.json] [--pythonpath /work/wt]
+    .venv/bin/python scripts/suite.py --from /tmp/suite_X.json [--markdown table.md]   # the docs' table of a run
 
 ``--compare`` prints each run's change against an earlier summary and names every run that lost more than
 0.2 points of attainment (the rule a core change is kept by).
@@ -87,17 +88,56 @@ def _targets(row: dict[str, Any]) -> str:
     return "ok" if not misses else " ".join(misses)
 
 
+def _cell(policy: dict[str, Any], oracle_gpu_hours: float | None) -> str:
+    cell = f"{100 * policy['sla_attainment']:.2f} % / {policy['gpu_hours']:.2f}"
+    return cell + (f" ({policy['gpu_hours'] / oracle_gpu_hours:.2f}x)" if oracle_gpu_hours else "")
+
+
+def _markdown(rows: list[dict[str, Any]], baselines: Path) -> str:
+    """One row per run: ours, fixed peak, HPA, Dynamo rules, oracle (SLA attainment / GPU-hours (x oracle)),
+    the baselines' cells read from their files, and the targets ours misses."""
+    lines = [
+        "| run | ours | fixed peak | HPA | Dynamo rules | oracle | targets ours misses |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['run']} | error | | | | | |")
+            continue
+        policies = json.loads((baselines / f"{row['run']}.json").read_text())["policies"]
+        oracle = policies["oracle"]["gpu_hours"]
+        ours = {"sla_attainment": row["attainment"], "gpu_hours": row["gpu_hours"]}
+        verdict = _targets(row)
+        cells = [_cell(ours, oracle), *(_cell(policies[name], oracle) for name in ("fixed", "hpa", "dynamo"))]
+        oracle_cell = f"{100 * policies['oracle']['sla_attainment']:.2f} % / {oracle:.2f}"
+        lines.append(f"| {row['run']} | {' | '.join(cells)} | {oracle_cell} | {'—' if verdict == 'ok' else verdict} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baselines", default="/work/team/baselines", help="directory of baseline JSON files")
-    parser.add_argument("--out", required=True, help="summary JSON to write")
+    parser.add_argument("--out", default=None, help="summary JSON to write (required unless --from)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated substrings of the file names to run")
     parser.add_argument("--compare", default=None, help="an earlier summary JSON to diff against")
     parser.add_argument("--core-config", default="planner/sim/configs/ours_replay.yaml")
     parser.add_argument("--pythonpath", default=None, help="run the tree at this path (a git worktree)")
+    parser.add_argument(
+        "--markdown", default=None, help="with --from: write the docs/benchmarks.md table of a summary to this file"
+    )
+    parser.add_argument("--from", dest="from_summary", default=None, help="a summary JSON to tabulate (no runs)")
     args = parser.parse_args(argv)
+    if args.from_summary:
+        rows = json.loads(Path(args.from_summary).read_text())["rows"]
+        table = _markdown(rows, Path(args.baselines))
+        if args.markdown:
+            Path(args.markdown).write_text(table)
+        print(table, end="")
+        return 0
 
+    if not args.out:
+        parser.error("--out is required (unless --from)")
     files = sorted(Path(args.baselines).glob("*.json"))
     if args.only:
         wanted = [w for w in args.only.split(",") if w]
