@@ -5,7 +5,7 @@ this re-runs the same source and fleet flags with ``--policy ours --reuse FILE``
 at a time, then prints one row per run and the targets: >= 99 % attainment, fewer GPU-hours than fixed peak, and
 >= 25 % fewer wherever the oracle is >= 50 % below fixed peak.
 
-    .venv/bin/python scripts/suite.py --baselines /work/team/baselines --out /tmp/suite_X.json [--jobs 2]
+    .venv/bin/python scripts/suite.py --baselines docs/replay-baselines --out /tmp/suite_X.json [--jobs 2]
         [--only flash_crowd,azure] [--compare /tmp/suite_Y.json] [--pythonpath /work/wt]
     .venv/bin/python scripts/suite.py --from /tmp/suite_X.json [--markdown table.md]   # the docs' table of a run
 
@@ -116,7 +116,7 @@ def _markdown(rows: list[dict[str, Any]], baselines: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baselines", default="/work/team/baselines", help="directory of baseline JSON files")
+    parser.add_argument("--baselines", default="docs/replay-baselines", help="directory of baseline JSON files")
     parser.add_argument("--out", default=None, help="summary JSON to write (required unless --from)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated substrings of the file names to run")
