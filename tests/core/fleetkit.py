@@ -14,15 +14,18 @@ from planner.core import (
     ForecastMethod,
     Observation,
     RoleConfig,
+    RoleLoad,
     Traffic,
     step,
 )
 from planner.core.config import hpa_scale_down, hpa_scale_up
+from planner.core.decision import Coverage
+from planner.core.reconcile import Reconciled
 from planner.discovery import EngineCapacity, Role, WorkerRecord, default_endpoints
 from planner.ingest.store import FleetStore
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
-__all__ = ["Fleet", "Load", "hpa_config", "hpa_role"]
+__all__ = ["Fleet", "Load", "hpa_config", "hpa_role", "reconciled"]
 
 
 def hpa_role(**kw: object) -> RoleConfig:
@@ -43,6 +46,46 @@ def hpa_role(**kw: object) -> RoleConfig:
 def hpa_config(**kw: object) -> CoreConfig:
     """:func:`hpa_role` for every role."""
     return CoreConfig(roles={role: hpa_role() for role in Role}, **kw)  # type: ignore[arg-type]
+
+
+def reconciled(
+    role: Role,
+    engines: int,
+    *,
+    prefill_requests: float,
+    max_num_batched_tokens: float = 2048,
+    max_num_seqs: float = 256,
+    kv_capacity_tokens: float = 945_029,
+) -> Reconciled:
+    """Reconcile's output for a fully covered service of ``engines`` single-rank engines, all ready and reporting,
+    with no measured load (the tests pass theirs to the recommender); the default capacities are the H200 profile
+    engine's (a 2048-token budget, 256 sequences, 945,029 KV tokens)."""
+    return Reconciled(
+        coverage=Coverage(
+            role=role,
+            service=role.value,
+            discovered=engines,
+            healthy=engines,
+            partial=0,
+            silent=0,
+            identity_not_synced=0,
+            not_ready=0,
+            ranks_expected=engines,
+            ranks_fresh=engines,
+            deployment_desired=engines,
+            deployment_ready=engines,
+            complete=True,
+        ),
+        load=RoleLoad(),
+        engines_expected=engines,
+        engines_reporting=engines,
+        engines_silent=0,
+        dp_per_replica=1,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        kv_capacity_tokens=kv_capacity_tokens,
+        prefill_requests=prefill_requests,
+    )
 
 
 CAPACITY = EngineCapacity(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=8192, kv_capacity_tokens=100_000)

@@ -15,12 +15,13 @@ from perf_model.api import StepPredictor
 from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
 from planner.core.config import CoreConfigError, RoleConfig, SlaTargets, load_config
-from planner.core.decision import Coverage, Mode, Reason
+from planner.core.decision import Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
 from planner.core.recommend import AggLatency, predict_agg_latency, recommend_sla
 from planner.core.reconcile import Reconciled
 from planner.discovery import Role
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
+from tests.core.fleetkit import reconciled
 
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 ENGINE = EngineConfig(prefix_cache=False)  # 2048-token budget, 256 sequences, 945,029 KV tokens
@@ -184,31 +185,13 @@ def test_no_rate_uses_the_observed_batch(model: PerfModel) -> None:
 
 
 def _reconciled(engines: int) -> Reconciled:
-    return Reconciled(
-        coverage=Coverage(
-            role=Role.AGG,
-            service="agg",
-            discovered=engines,
-            healthy=engines,
-            partial=0,
-            silent=0,
-            identity_not_synced=0,
-            not_ready=0,
-            ranks_expected=engines,
-            ranks_fresh=engines,
-            deployment_desired=engines,
-            deployment_ready=engines,
-            complete=True,
-        ),
-        load=RoleLoad(),
-        engines_expected=engines,
-        engines_reporting=engines,
-        engines_silent=0,
-        dp_per_replica=1,
+    return reconciled(
+        Role.AGG,
+        engines,
+        prefill_requests=0.0,
         max_num_batched_tokens=float(ENGINE.max_num_batched_tokens),
         max_num_seqs=float(ENGINE.max_num_seqs),
         kv_capacity_tokens=float(ENGINE.kv_capacity_tokens),
-        prefill_requests=0.0,
     )
 
 

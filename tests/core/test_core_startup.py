@@ -26,9 +26,8 @@ from planner.core import (
     Traffic,
 )
 from planner.core.recommend import recommend_sla
-from planner.core.reconcile import Reconciled
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, reconciled
 
 FAST_UP = ScaleRules(
     stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
@@ -108,37 +107,6 @@ def test_the_scale_down_window_follows_the_measured_start_up(startup_s: float, h
     assert first_down == pytest.approx(max(idle_from + held_s, 2 * startup_s), abs=5.0)
 
 
-def _reconciled(engines: int) -> Reconciled:
-    from planner.core.decision import Coverage
-
-    return Reconciled(
-        coverage=Coverage(
-            role=Role.AGG,
-            service="agg",
-            discovered=engines,
-            healthy=engines,
-            partial=0,
-            silent=0,
-            identity_not_synced=0,
-            not_ready=0,
-            ranks_expected=engines,
-            ranks_fresh=engines,
-            deployment_desired=engines,
-            deployment_ready=engines,
-            complete=True,
-        ),
-        load=RoleLoad(),
-        engines_expected=engines,
-        engines_reporting=engines,
-        engines_silent=0,
-        dp_per_replica=1,
-        max_num_batched_tokens=2048,
-        max_num_seqs=256,
-        kv_capacity_tokens=945_029,
-        prefill_requests=4.0 * engines,
-    )
-
-
 def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
     """A backlog of 3M prompt tokens on 4 engines that keep up with the arrivals (2 req/s of 2k tokens each, far
     below 4 engines' prefill rate): sized against today's queue the TTFT check asks for dozens of replicas that
@@ -148,10 +116,10 @@ def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
     traffic = Traffic(request_rate_per_s=2.0, isl_tokens=2000.0, osl_tokens=200.0)
     sla = SlaTargets(ttft_ms=2000, itl_ms=50)
 
+    four = reconciled(Role.AGG, 4, prefill_requests=16.0)
+
     def recommend(startup_s: float) -> int:
-        return recommend_sla(
-            Role.AGG, 4, _reconciled(4), load, traffic, predictor, sla, 0.0, 256, startup_s=startup_s
-        ).replicas
+        return recommend_sla(Role.AGG, 4, four, load, traffic, predictor, sla, 0.0, 256, startup_s=startup_s).replicas
 
     naive, aware = recommend(0.0), recommend(60.0)
     assert naive > 20 and aware < naive / 4

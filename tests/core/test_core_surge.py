@@ -13,11 +13,10 @@ from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
 from planner.core import Reason, RoleLoad, SlaTargets, Traffic
 from planner.core.config import SlaFeedbackConfig
-from planner.core.decision import Coverage
 from planner.core.feedback import FeedbackState, update_feedback
 from planner.core.recommend import recommend_sla
-from planner.core.reconcile import Reconciled
 from planner.discovery import EngineCapacity, Role
+from tests.core.fleetkit import reconciled
 
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
@@ -39,35 +38,6 @@ def agg_model(timer: ProfileStepTimer) -> PerfModel:
 @pytest.fixture(scope="module")
 def decode_model(timer: ProfileStepTimer) -> PerfModel:
     return PerfModel(Role.DECODE, bootstrap=timer)
-
-
-def _reconciled(role: Role, engines: int, prefill_requests: float) -> Reconciled:
-    return Reconciled(
-        coverage=Coverage(
-            role=role,
-            service=role.value,
-            discovered=engines,
-            healthy=engines,
-            partial=0,
-            silent=0,
-            identity_not_synced=0,
-            not_ready=0,
-            ranks_expected=engines,
-            ranks_fresh=engines,
-            deployment_desired=engines,
-            deployment_ready=engines,
-            complete=True,
-        ),
-        load=RoleLoad(),
-        engines_expected=engines,
-        engines_reporting=engines,
-        engines_silent=0,
-        dp_per_replica=1,
-        max_num_batched_tokens=2048,
-        max_num_seqs=256,
-        kv_capacity_tokens=945_029,
-        prefill_requests=prefill_requests,
-    )
 
 
 def test_a_long_prompt_backlog_drains_at_what_the_engines_prefill_with_decodes_riding_along(
@@ -94,7 +64,7 @@ def test_a_long_prompt_backlog_drains_at_what_the_engines_prefill_with_decodes_r
     load = RoleLoad(
         queued_prefill_tokens=68_523, scheduled_prefill_tokens=4000, decode_requests=96, decode_kv_tokens=442_049
     )
-    queued = _reconciled(Role.AGG, 2, prefill_requests=19.0)
+    queued = reconciled(Role.AGG, 2, prefill_requests=19.0)
     rec = recommend_sla(Role.AGG, 2, queued, load, traffic, agg_model, SLA, 0.0, 256, startup_s=60.0)
     assert rec.reason == Reason.BACKLOG_OUTLASTS_STARTUP
     assert rec.arrivals_replicas is not None
@@ -103,7 +73,7 @@ def test_a_long_prompt_backlog_drains_at_what_the_engines_prefill_with_decodes_r
     # short prompts at the same token rate: an engine prefills them faster than one chunk alone says, and the
     # backlog is sized as before (the lower of the two throughputs counts)
     short = Traffic(request_rate_per_s=40.0, isl_tokens=1000.0, osl_tokens=143.6)
-    many = _reconciled(Role.AGG, 2, prefill_requests=72.0)
+    many = reconciled(Role.AGG, 2, prefill_requests=72.0)
     before = recommend_sla(Role.AGG, 2, many, load, short, agg_model, SLA, 0.0, 256, startup_s=60.0)
     assert before.reason != Reason.BACKLOG_OUTLASTS_STARTUP
 
@@ -115,13 +85,17 @@ def test_a_decode_batch_past_max_num_seqs_is_not_a_count_that_meets_the_itl(deco
     their ITL (97.44 %). Now one engine is infeasible there, and the count stays at 2 (decode_batch_limit)."""
     traffic = Traffic(request_rate_per_s=78.4, isl_tokens=1180.0, osl_tokens=181.6)
     load = RoleLoad(decode_requests=144, decode_kv_tokens=144 * 1300)
-    rec = recommend_sla(Role.DECODE, 2, _reconciled(Role.DECODE, 2, 0.0), load, traffic, decode_model, SLA, 0.0, 256)
+    rec = recommend_sla(
+        Role.DECODE, 2, reconciled(Role.DECODE, 2, prefill_requests=0.0), load, traffic, decode_model, SLA, 0.0, 256
+    )
     assert rec.replicas == 2
     assert rec.reason == Reason.DECODE_BATCH_LIMIT
     assert "1 replicas: a decode batch of" in rec.detail
     # under the batch limit the ITL alone decides, as before: a quarter of the rate fits one engine
     light = msgspec.structs.replace(traffic, request_rate_per_s=78.4 / 4)
-    rec = recommend_sla(Role.DECODE, 2, _reconciled(Role.DECODE, 2, 0.0), load, light, decode_model, SLA, 0.0, 256)
+    rec = recommend_sla(
+        Role.DECODE, 2, reconciled(Role.DECODE, 2, prefill_requests=0.0), load, light, decode_model, SLA, 0.0, 256
+    )
     assert rec.replicas == 1
     assert rec.reason == Reason.SLA_ALLOWS_FEWER
 

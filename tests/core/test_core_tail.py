@@ -16,14 +16,13 @@ from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
 from planner.core import CoreConfig, CoreState, Mode, Reason, RoleConfig, RoleLoad, SlaTargets, Traffic
 from planner.core.config import CoreConfigError, load_config
-from planner.core.decision import Coverage
 from planner.core.recommend import predict_agg_latency, recommend_sla
 from planner.core.reconcile import Reconciled
 from planner.core.tail import itl_miss_frac, osl_points
 from planner.discovery import EngineCapacity, Role
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, reconciled
 
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 ENGINE = EngineConfig(prefix_cache=False)  # 2048-token budget, 256 sequences, 945,029 KV tokens
@@ -120,32 +119,7 @@ def test_the_share_of_requests_missing_an_itl_limit_matches_the_simulated_engine
 
 
 def _reconciled(engines: int, mnbt: int = 2048) -> Reconciled:
-    return Reconciled(
-        coverage=Coverage(
-            role=Role.AGG,
-            service="agg",
-            discovered=engines,
-            healthy=engines,
-            partial=0,
-            silent=0,
-            identity_not_synced=0,
-            not_ready=0,
-            ranks_expected=engines,
-            ranks_fresh=engines,
-            deployment_desired=engines,
-            deployment_ready=engines,
-            complete=True,
-        ),
-        load=RoleLoad(),
-        engines_expected=engines,
-        engines_reporting=engines,
-        engines_silent=0,
-        dp_per_replica=1,
-        max_num_batched_tokens=mnbt,
-        max_num_seqs=256,
-        kv_capacity_tokens=945_029,
-        prefill_requests=4.0 * engines,
-    )
+    return reconciled(Role.AGG, engines, prefill_requests=4.0 * engines, max_num_batched_tokens=mnbt)
 
 
 def test_short_outputs_behind_long_prompts_keep_replicas_the_mean_would_release(model: PerfModel) -> None:
