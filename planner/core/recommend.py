@@ -203,6 +203,7 @@ def recommend_sla(
     ttft_limit = sla.ttft_ms * (1.0 - ttft_headroom)
     itl_limit = sla.itl_ms * (1.0 - itl_headroom)
     kv_per_request = load.decode_kv_tokens / load.decode_requests if load.decode_requests > 0 else isl
+    decode_batch = load.decode_requests + load.queued_decode_requests  # a queued decode joins the next step
     # Prefill throughput of one engine (tokens/s) from the time of one full chunk.
     chunk_ms = predictor.predict_ttft_ms(float(mnbt), 0.0, mnbt).value_ms if rate else 0.0
     tokens_per_s = mnbt / (chunk_ms / 1000.0) if chunk_ms > 0 else math.inf
@@ -234,7 +235,7 @@ def recommend_sla(
             osl_tokens=osl or 1.0,
             kv_per_request_tokens=kv_per_request,
             max_num_batched_tokens=mnbt,
-            decode_requests=(load.decode_requests + load.queued_decode_requests) / (current * dp),
+            decode_requests=decode_batch / (current * dp),
             max_num_seqs=rec.max_num_seqs,
             kv_capacity_tokens=rec.kv_capacity_tokens,
             guess_tokens_per_s=tokens_per_s,
@@ -280,7 +281,7 @@ def recommend_sla(
             osl_tokens=osl or 1.0,
             kv_per_request_tokens=kv_per_request,
             max_num_batched_tokens=mnbt,
-            decode_requests=(load.decode_requests + load.queued_decode_requests) / engines,
+            decode_requests=decode_batch / engines,
             queued_prefill_tokens=backlog_for(n, arrivals_only) / engines,
             scheduled_prefill_tokens=0.0 if rate else load.scheduled_prefill_tokens / engines,
             max_num_seqs=rec.max_num_seqs,
@@ -322,7 +323,7 @@ def recommend_sla(
             osl_tokens=osl or 1.0,
             kv_per_request_tokens=kv_per_request,
             max_num_batched_tokens=mnbt,
-            decode_requests=(load.decode_requests + load.queued_decode_requests) / (current * dp),
+            decode_requests=decode_batch / (current * dp),
             max_num_seqs=rec.max_num_seqs,
             kv_capacity_tokens=rec.kv_capacity_tokens,
             tail_isl_tokens=tail_isl,
@@ -356,7 +357,7 @@ def recommend_sla(
                 ttft = max(ttft, predictor.predict_ttft_ms(ttft_isl, backlog, mnbt).upper_ms)
             ok = ttft <= ttft_limit
         if check_itl and ok:
-            requests = load.decode_requests + load.queued_decode_requests
+            requests = decode_batch
             itl = predictor.predict_itl_ms(requests / engines, requests * kv_per_request / engines).upper_ms
             if rate and osl:
                 # Little's law: concurrency = rate x OSL x ITL; two fixed-point rounds from observed.
