@@ -71,6 +71,7 @@ class Reason(enum.StrEnum):
     SLA_ALLOWS_FEWER = "sla_allows_fewer"
     SLA_MET = "sla_met"
     DECODE_BATCH_LIMIT = "decode_batch_limit"
+    FORECAST_CAPACITY_BEFORE_BATCH_LIMIT = "forecast_capacity_before_batch_limit"
     SLA_UNREACHABLE = "sla_unreachable"
     PERF_MODEL_NOT_READY = "perf_model_not_ready"
     SILENT_COUNTED_IDLE = "silent_counted_idle"

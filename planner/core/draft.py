@@ -200,7 +200,13 @@ def draft_service(
             predicted_rate = forecast_rate(fstate, fc)
         capacity = fc.replica_capacity_rps
         if capacity is None:
-            fstate, capacity = derived_capacity(fstate, rate, value, now, fc)
+            # a count raised only for max_num_seqs (decode_batch_limit) says nothing of a replica's throughput:
+            # the capacity is derived from the count the step model accepts, one fewer
+            basis = value
+            if rec.reason == Reason.DECODE_BATCH_LIMIT and value == rec.replicas and value > 1:
+                basis = value - 1
+                reasons.append(Reason.FORECAST_CAPACITY_BEFORE_BATCH_LIMIT)
+            fstate, capacity = derived_capacity(fstate, rate, basis, now, fc)
         if predicted_rate is None or (capacity is None and predicted_rate > 0):
             value = add_stage(
                 stages,

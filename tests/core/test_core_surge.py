@@ -11,12 +11,24 @@ import pytest
 
 from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
-from planner.core import Reason, RoleLoad, SlaTargets, Traffic
+from planner.core import (
+    CoreConfig,
+    CoreState,
+    ForecastConfig,
+    ForecastMethod,
+    Mode,
+    Reason,
+    RoleConfig,
+    RoleLoad,
+    SlaTargets,
+    Stage,
+    Traffic,
+)
 from planner.core.config import SlaFeedbackConfig
 from planner.core.feedback import FeedbackState, update_feedback
 from planner.core.recommend import recommend_sla
 from planner.discovery import EngineCapacity, Role
-from tests.core.fleetkit import reconciled
+from tests.core.fleetkit import Fleet, Load, reconciled
 
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
@@ -143,3 +155,33 @@ def test_the_loop_holds_while_a_backlog_from_before_the_scale_up_drains() -> Non
         ).state.itl_frac
         > -0.27
     )
+
+
+def test_a_count_raised_for_max_num_seqs_does_not_lower_the_forecasts_capacity(decode_model: PerfModel) -> None:
+    """output_shift, disaggregated: the decode count raised one above what the step model accepts only because one
+    fewer engine's batch would pass max_num_seqs (decode_batch_limit). The forecast floor's per-replica capacity was
+    rate / that count, so it fell as the count became honest, and every forecast spike then asked a third replica
+    (2.00 -> 2.16 GPU-h, above fixed peak's 2.02). Now it is derived from the count the step model accepts."""
+    fleet = Fleet()
+    fleet.add_many(2, Role.DECODE)
+    fleet.deploy("decode", 2)
+    config = CoreConfig(
+        roles={
+            Role.DECODE: RoleConfig(
+                mode=Mode.SLA,
+                sla=SLA,
+                max_replicas=8,
+                headroom_frac=0.0,
+                itl_headroom_frac=0.0,
+                forecast=ForecastConfig(method=ForecastMethod.HOLT),
+            )
+        }
+    )
+    traffic = {Role.DECODE: Traffic(request_rate_per_s=78.4, isl_tokens=1180.0, osl_tokens=181.6)}
+    fleet.publish_all(0.0, Load(decode=144, kv=144 * 1300))
+    state, decisions = fleet.tick(CoreState(), 0.0, config, traffic, predictors={Role.DECODE: decode_model})
+    decision = decisions["decode"]
+    stage = decision.stage(Stage.RECOMMEND)
+    assert stage is not None and stage.reason == Reason.DECODE_BATCH_LIMIT and stage.replicas == 2
+    assert Reason.FORECAST_CAPACITY_BEFORE_BATCH_LIMIT in decision.reasons
+    assert state.services["decode"].forecast.capacity_rps == pytest.approx(78.4)  # before: 39.2 (78.4 / 2)
