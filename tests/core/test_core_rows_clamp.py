@@ -345,6 +345,16 @@ def test_stabilize_details_name_the_window_and_the_recommendation() -> None:
     assert up.detail == "lowest recommendation in the last 120 s is 6"
 
 
+def test_the_hold_across_gaps_names_its_window_the_highest_recommendation_and_the_count_bought_back() -> None:
+    # the 120 s window's highest is 3; over the 600 s hold the highest is 9, held up to the 6 bought back
+    out = stabilize(2, 8, ((100.0, 9), (390.0, 3), (400.0, 2)), 400.0, 0.0, 120.0, gap_hold=(600.0, 6))
+    assert (out.replicas, out.reason) == (6, Reason.SCALE_DOWN_HELD_ACROSS_GAPS)
+    assert out.detail == (
+        "highest recommendation in the last 600 s is 9, held up to 6, the most the traffic bought back in the last"
+        " 30 minutes"
+    )
+
+
 @dataclass
 class BoundsRow:
     name: str
