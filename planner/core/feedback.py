@@ -211,4 +211,6 @@ def _backlog_drains_in_s(state: FeedbackState, queued: float | None, now: float,
     if not (math.isfinite(queued) and math.isfinite(before)):
         return None
     rate = (before - queued) / max(now - state.last_at, 1e-9)
+    if not rate > 0:  # a fall too small for a float over so long a time (underflow) gives no rate
+        return None
     return queued / rate

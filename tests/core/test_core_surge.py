@@ -157,6 +157,19 @@ def test_the_loop_holds_while_a_backlog_from_before_the_scale_up_drains() -> Non
     )
 
 
+def test_a_queue_that_fell_by_too_little_to_give_a_rate_does_not_crash_the_loop() -> None:
+    """Found by the reliability property (hypothesis, in a mutation run): a queue of 1e-300 tokens that fell to 0
+    over 1e30 s gives a drain rate that underflows to 0, and the drain time divided by it (ZeroDivisionError: the
+    whole tick lost). A rate that is not positive says nothing about when the queue is gone: no freeze from it."""
+    cfg = SlaFeedbackConfig()
+    state = FeedbackState(last_at=0.0, in_flight_at=0.0, queued_prefill_tokens=1e-300)
+    out = update_feedback(
+        state, _window(0.5, 0.5), 1e30, cfg, in_flight=False, queued_prefill_tokens=0.0, startup_s=1e31
+    )
+    assert out.reason != Reason.SLA_FEEDBACK_FROZEN and "drains in" not in out.detail
+    assert out.state.queued_prefill_tokens == 0.0
+
+
 def test_a_count_raised_for_max_num_seqs_does_not_lower_the_forecasts_capacity(decode_model: PerfModel) -> None:
     """output_shift, disaggregated: the decode count raised one above what the step model accepts only because one
     fewer engine's batch would pass max_num_seqs (decode_batch_limit). The forecast floor's per-replica capacity was
