@@ -43,7 +43,8 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
-from planner.shard.bench import NS, _fleet, nats_server, proc_cpu_s, start_publishers
+from planner.shard.bench import _fleet, start_publishers
+from planner.shard.bench_procs import NS, nats_server, proc_cpu_s
 from planner.shard.partition import partition
 
 __all__ = ["DRAIN_SERVER_CONFIG", "bench_drain"]
