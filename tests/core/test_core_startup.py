@@ -15,6 +15,7 @@ from planner.core import (
     Action,
     CoreConfig,
     CoreState,
+    Decision,
     Mode,
     PolicyKind,
     Reason,
@@ -125,23 +126,24 @@ def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
     assert naive > 20 and aware < naive / 4
 
 
-def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
-    """Cost-aware scale-down: released at the first idle gap and bought back 100 s later, the capacity bought back
-    is held across the next gap for ``hold_across_gaps_max_s`` (600 s, while such a re-buy is remembered: the
-    next gap need not be the last one's length) instead of being released and bought back again."""
+def _gap_config() -> CoreConfig:
+    """Threshold decode with fast scale-ups and a 30 s scale-down window (no start-up-grown window)."""
     down = ScaleRules(
         stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
     )
     rc = RoleConfig(
         mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, scale_down=down, scale_down_window_startups=None
     )
-    config = CoreConfig(roles={Role.DECODE: rc})
-    fleet = _fleet(4)
+    return CoreConfig(roles={Role.DECODE: rc})
+
+
+def _drive(
+    fleet: Fleet, config: CoreConfig, timeline: list[tuple[float, Load]]
+) -> tuple[CoreState, list[tuple[float, Decision]]]:
+    """Tick every 5 s through ``timeline`` ((start, load) pairs; the last entry only ends the one before),
+    applying every decision; returns the last state and each tick's decode decision."""
     state = CoreState()
-    busy, idle = Load(decode=4 * 204), Load(decode=1)
-    timeline = [(0.0, busy), (60.0, idle), (200.0, busy), (260.0, idle), (1000.0, idle)]
-    downs: list[float] = []
-    now = 0.0
+    ticks: list[tuple[float, Decision]] = []
     for (start, load), (end, _) in itertools.pairwise(timeline):
         now = start
         while now < end:
@@ -149,9 +151,19 @@ def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
             state, d = fleet.tick(state, now, config)
             if d["decode"].action != Action.HOLD:
                 fleet.apply(d["decode"])
-                if d["decode"].action == Action.SCALE_DOWN:
-                    downs.append(now)
+            ticks.append((now, d["decode"]))
             now += 5.0
+    return state, ticks
+
+
+def test_capacity_bought_back_after_a_gap_is_held_across_the_next_gap() -> None:
+    """Cost-aware scale-down: released at the first idle gap and bought back 100 s later, the capacity bought back
+    is held across the next gap for ``hold_across_gaps_max_s`` (600 s, while such a re-buy is remembered: the
+    next gap need not be the last one's length) instead of being released and bought back again."""
+    busy, idle = Load(decode=4 * 204), Load(decode=1)
+    timeline = [(0.0, busy), (60.0, idle), (200.0, busy), (260.0, idle), (1000.0, idle)]
+    state, ticks = _drive(_fleet(4), _gap_config(), timeline)
+    downs = [now for now, d in ticks if d.action == Action.SCALE_DOWN]
     first, second = downs[0], downs[1]
     assert 60.0 < first <= 100.0  # the first gap: released after the configured 30 s window
     gap = state.services["decode"].rebuy_gaps[0][1]
@@ -163,29 +175,11 @@ def test_capacity_held_across_gaps_is_at_most_what_the_traffic_bought_back() -> 
     """Bought back at 2 replicas after an idle gap, the fleet then sees a burst of 8: once the scale-down window
     (1.5 x the gap) has passed it is held at 2 (the capacity the history says comes back) for the rest of the
     600 s hold, not at the burst's 8 and not released to 1."""
-    down = ScaleRules(
-        stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
-    )
-    rc = RoleConfig(
-        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, scale_down=down, scale_down_window_startups=None
-    )
-    config = CoreConfig(roles={Role.DECODE: rc})
-    fleet = _fleet(2)
-    state = CoreState()
     two, eight, idle = Load(decode=2 * 204), Load(decode=8 * 204), Load(decode=1)
     timeline = [(0.0, two), (60.0, idle), (200.0, two), (260.0, idle), (300.0, eight), (360.0, idle), (600.0, idle)]
-    counts: dict[float, int] = {}
-    reasons: dict[float, tuple[Reason, ...]] = {}
-    now = 0.0
-    for (start, load), (end, _) in itertools.pairwise(timeline):
-        now = start
-        while now < end:
-            fleet.publish_all(now, load)
-            state, d = fleet.tick(state, now, config)
-            if d["decode"].action != Action.HOLD:
-                fleet.apply(d["decode"])
-            counts[now], reasons[now] = d["decode"].final_replicas, d["decode"].reasons
-            now += 5.0
+    state, ticks = _drive(_fleet(2), _gap_config(), timeline)
+    counts = {now: d.final_replicas for now, d in ticks}
+    reasons = {now: d.reasons for now, d in ticks}
     assert state.services["decode"].rebuy_counts[0][1] == 2
     assert max(counts[t] for t in counts if 300.0 <= t < 360.0) == 8
     assert counts[595.0] == 2 and Reason.SCALE_DOWN_HELD_ACROSS_GAPS in reasons[595.0]
