@@ -315,6 +315,11 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # to the most that came back: capacity the recent history says comes back is not released.
     # None: the window stays as configured.
     hold_across_gaps_max_s: float | None = 600.0
+    # A scale-up buys capacity back across a gap only when the traffic fell between the release and the re-buy: the
+    # lowest request rate seen since the release is at most (1 - this) x the rate at the re-buy. A trim while the
+    # traffic held, bought back at the same traffic, is the recommendation moving, not a gap. None: every re-buy
+    # counts (also when no request rate is known).
+    rebuy_min_fall_frac: float | None = 0.25
     # An in-flight scale-up's target may be raised (in_flight_target_raised) when the request rate grew by at least
     # this fraction since it was decided, in proportion to that growth; None: never (no stacking at all).
     in_flight_raise_rate_growth_frac: float | None = 0.2
@@ -363,6 +368,10 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             self.hold_across_gaps_max_s is None
             or (math.isfinite(self.hold_across_gaps_max_s) and self.hold_across_gaps_max_s >= 0),
             f"hold_across_gaps_max_s must be >= 0, got {self.hold_across_gaps_max_s!r}",
+        )
+        _need(
+            self.rebuy_min_fall_frac is None or 0 <= self.rebuy_min_fall_frac < 1,
+            f"rebuy_min_fall_frac must be in [0, 1), got {self.rebuy_min_fall_frac!r}",
         )
         _need(
             self.in_flight_raise_rate_growth_frac is None

@@ -19,6 +19,7 @@ __all__ = [
     "measured_startup_s",
     "record_scale",
     "scale_down_window_s",
+    "traffic_fell",
 ]
 
 
@@ -67,33 +68,82 @@ def gap_hold(rc: RoleConfig, state: ServiceState, now: float) -> tuple[float, in
     one's length (Azure code x40: bought back after ~3 minutes, the next surge came ~5 minutes later, on the 4
     replicas left of 36). None: no re-buy remembered, or ``hold_across_gaps_max_s`` unset."""
     cap = rc.hold_across_gaps_max_s
-    counts = [count for at, count in state.rebuy_counts if at > now - _GAP_MEMORY_S]
+    counts = [count for at, count, _ in state.rebuy_counts if at > now - _GAP_MEMORY_S]
     if cap is None or not counts:
         return None
     return cap, max(counts)
 
 
-def record_scale(state: ServiceState, rc: RoleConfig, current: int, final: int, now: float) -> ServiceState:
-    """Remember each scale-down (its time and the count it left), and a scale-up that buys capacity back: the gap
-    is the time since the fleet last left a count at or above the new target (within ``hold_across_gaps_max_s``),
-    the count is the new target (what :func:`gap_hold` holds)."""
-    downs = tuple(item for item in state.scale_downs if item[0] > now - _GAP_MEMORY_S)
+def _lowest(low: float | None, rate: float | None) -> float | None:
+    if rate is None:
+        return low
+    return rate if low is None else min(low, rate)
+
+
+_FALL_SIGMAS = 3.0  # a fall must exceed this many standard deviations of a window's Poisson request count
+
+
+def traffic_fell(rc: RoleConfig, lowest_rate_per_s: float | None, rate_per_s: float | None) -> bool:
+    """Whether a re-buy at ``rate_per_s`` follows a fall of the traffic: the lowest request rate seen from the
+    release to the re-buy is at most ``1 - rebuy_min_fall_frac`` of it, and the difference is more than the
+    counting noise of one traffic window (3 standard deviations of a Poisson count over ``traffic_window_s``: a
+    trickle's 0 -> 1 request is not a fall). Capacity trimmed while the traffic held and bought back at the same
+    traffic is the recommendation moving (a floor's rounding, the loop probing), not an idle gap. Without a rate
+    on either side (no traffic given) or with the check off: True, as before."""
+    frac = rc.rebuy_min_fall_frac
+    if frac is None or lowest_rate_per_s is None or rate_per_s is None:
+        return True
+    window_s = rc.traffic_window_s
+    rise = (rate_per_s - lowest_rate_per_s) * window_s
+    return lowest_rate_per_s <= (1.0 - frac) * rate_per_s and rise > _FALL_SIGMAS * math.sqrt(rate_per_s * window_s)
+
+
+def _renewed(
+    state: ServiceState, rc: RoleConfig, now: float, rate: float | None
+) -> tuple[tuple[float, int, float | None], ...]:
+    """The re-buys still remembered, each renewed (remembered from now) when the traffic fell since and now needs
+    its count again (this tick's recommendation, after bounds, reaches it): a hold that kept the capacity through
+    the gap avoided the re-buy that would have renewed it. Else each keeps the lowest rate seen since."""
+    rec = state.recommendations[-1][1] if state.recommendations and state.recommendations[-1][0] == now else None
+    counts: list[tuple[float, int, float | None]] = []
+    for at, count, low in state.rebuy_counts:
+        if at <= now - _GAP_MEMORY_S:
+            continue
+        fell = rc.rebuy_min_fall_frac is not None and low is not None and rate is not None
+        if fell and rec is not None and rec >= count and traffic_fell(rc, low, rate):
+            counts.append((now, count, rate))
+        else:
+            counts.append((at, count, _lowest(low, rate)))
+    return tuple(counts)
+
+
+def record_scale(
+    state: ServiceState, rc: RoleConfig, current: int, final: int, now: float, rate_per_s: float | None = None
+) -> ServiceState:
+    """Remember each scale-down (its time, the count it left, and the lowest request rate since), and a scale-up
+    that buys capacity back after the traffic fell (:func:`traffic_fell`): the gap is the time since the fleet
+    last left a count at or above the new target (within ``hold_across_gaps_max_s``), the count is the new target
+    (what :func:`gap_hold` holds), renewed while the traffic falls and comes back to need it (:func:`_renewed`).
+    ``rate_per_s``: the request rate this tick (None: unknown)."""
+    rate = rate_per_s if rate_per_s is not None and math.isfinite(rate_per_s) and rate_per_s >= 0 else None
+    downs = tuple((at, before, _lowest(low, rate)) for at, before, low in state.scale_downs if at > now - _GAP_MEMORY_S)
+    counts = _renewed(state, rc, now, rate)
     if final < current:
-        return msgspec.structs.replace(state, scale_downs=(*downs, (now, current))[-32:])
+        return msgspec.structs.replace(state, scale_downs=(*downs, (now, current, rate))[-32:], rebuy_counts=counts)
     cap = rc.hold_across_gaps_max_s
     if final > current and cap is not None:
-        left = [at for at, before in downs if before >= final]
-        if left and now - left[-1] <= cap:
+        left = [(at, low) for at, before, low in downs if before >= final]
+        if left and now - left[-1][0] <= cap:
             kept = tuple(item for item in state.rebuy_gaps if item[0] > now - _GAP_MEMORY_S)
-            gap = now - left[-1]
-            counts = tuple(item for item in state.rebuy_counts if item[0] > now - _GAP_MEMORY_S)
+            gap = now - left[-1][0]
+            if traffic_fell(rc, left[-1][1], rate):
+                counts = (*counts, (now, final, rate))[-16:]
             return msgspec.structs.replace(
-                state,
-                rebuy_gaps=(*kept, (now, gap))[-16:],
-                rebuy_counts=(*counts, (now, final))[-16:],
-                scale_downs=downs,
+                state, rebuy_gaps=(*kept, (now, gap))[-16:], rebuy_counts=counts, scale_downs=downs
             )
-    return msgspec.structs.replace(state, scale_downs=downs) if downs != state.scale_downs else state
+    if downs == state.scale_downs and counts == state.rebuy_counts:
+        return state
+    return msgspec.structs.replace(state, scale_downs=downs, rebuy_counts=counts)
 
 
 def in_flight_raise_to(

@@ -31,12 +31,14 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     forecast: ForecastState = msgspec.field(default_factory=ForecastState)
     # Start-up delay measured from the deployment's desired -> ready transitions (EWMA; None: not seen yet).
     startup_s_observed: float | None = None
-    # (at, count before) of recent scale-downs, and (at, gap_s) of recent scale-ups that bought back capacity
-    # released gap_s earlier: the idle gaps the traffic shows, which the scale-down window learns to hold across.
-    scale_downs: tuple[tuple[float, int], ...] = ()
+    # (at, count before, lowest request rate since or None) of recent scale-downs, and (at, gap_s) of recent
+    # scale-ups that bought back capacity released gap_s earlier after the traffic fell: the idle gaps the traffic
+    # shows, which the scale-down window learns to hold across.
+    scale_downs: tuple[tuple[float, int, float | None], ...] = ()
     rebuy_gaps: tuple[tuple[float, float], ...] = ()
-    # (at, count) of those re-buys: the count the traffic brought back, what is held across the next gaps.
-    rebuy_counts: tuple[tuple[float, int], ...] = ()
+    # (at, count, lowest request rate since or None) of those re-buys after the traffic fell: the count the traffic
+    # brought back, what is held across the next gaps; renewed while the traffic falls and comes back to need it.
+    rebuy_counts: tuple[tuple[float, int, float | None], ...] = ()
     # When the last scale-up was decided (a desired -> ready transition is measured from it).
     scale_up_at: float | None = None
     # The request rate when the last scale-up was decided (what an in-flight target may be raised against).

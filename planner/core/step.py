@@ -169,9 +169,9 @@ def step(
             sstate = msgspec.structs.replace(sstate, feedback=msgspec.structs.replace(sstate.feedback, capped=capped))
         if final != d.current:
             sstate = msgspec.structs.replace(sstate, pending_scale=(now, d.current, final))
-        sstate = record_scale(sstate, d.role_config, d.current, final, now)
+        rate = d.traffic.request_rate_per_s if d.traffic is not None else None
+        sstate = record_scale(sstate, d.role_config, d.current, final, now, rate)
         if final > d.current:
-            rate = d.traffic.request_rate_per_s if d.traffic is not None else None
             at = sstate.scale_up_at if sstate.scale_up_at is not None else now  # a raise keeps the start
             sstate = msgspec.structs.replace(sstate, scale_up_rate_per_s=rate, scale_up_at=at)
         services[d.service] = sstate

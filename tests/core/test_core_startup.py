@@ -16,6 +16,8 @@ from planner.core import (
     CoreConfig,
     CoreState,
     Decision,
+    ForecastConfig,
+    ForecastMethod,
     Mode,
     PolicyKind,
     Reason,
@@ -127,28 +129,37 @@ def test_a_surge_backlog_is_sized_for_what_remains_after_one_start_up() -> None:
 
 
 def _gap_config() -> CoreConfig:
-    """Threshold decode with fast scale-ups and a 30 s scale-down window (no start-up-grown window)."""
+    """Threshold decode with fast scale-ups and a 30 s scale-down window (no start-up-grown window, no forecast
+    floor: the request rate, when given, only says whether the traffic fell)."""
     down = ScaleRules(
         stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
     )
     rc = RoleConfig(
-        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, scale_down=down, scale_down_window_startups=None
+        mode=Mode.THRESHOLD,
+        max_replicas=64,
+        scale_up=FAST_UP,
+        scale_down=down,
+        scale_down_window_startups=None,
+        forecast=ForecastConfig(method=ForecastMethod.NONE),
     )
     return CoreConfig(roles={Role.DECODE: rc})
 
 
 def _drive(
-    fleet: Fleet, config: CoreConfig, timeline: list[tuple[float, Load]]
+    fleet: Fleet, config: CoreConfig, timeline: list[tuple[float, Load]], rates: dict[float, float] | None = None
 ) -> tuple[CoreState, list[tuple[float, Decision]]]:
     """Tick every 5 s through ``timeline`` ((start, load) pairs; the last entry only ends the one before),
-    applying every decision; returns the last state and each tick's decode decision."""
+    applying every decision; returns the last state and each tick's decode decision. ``rates``: the request rate
+    of the segment starting at each key (no traffic given without it)."""
     state = CoreState()
     ticks: list[tuple[float, Decision]] = []
     for (start, load), (end, _) in itertools.pairwise(timeline):
         now = start
+        rate = (rates or {}).get(start)
+        traffic = {Role.DECODE: Traffic(request_rate_per_s=rate)} if rate is not None else None
         while now < end:
             fleet.publish_all(now, load)
-            state, d = fleet.tick(state, now, config)
+            state, d = fleet.tick(state, now, config, traffic)
             if d["decode"].action != Action.HOLD:
                 fleet.apply(d["decode"])
             ticks.append((now, d["decode"]))
@@ -183,3 +194,32 @@ def test_capacity_held_across_gaps_is_at_most_what_the_traffic_bought_back() -> 
     assert state.services["decode"].rebuy_counts[0][1] == 2
     assert max(counts[t] for t in counts if 300.0 <= t < 360.0) == 8
     assert counts[595.0] == 2 and Reason.SCALE_DOWN_HELD_ACROSS_GAPS in reasons[595.0]
+
+
+def test_a_trim_bought_back_while_the_traffic_held_holds_nothing_across_gaps() -> None:
+    """The recommendation trims 4 -> 3 and buys the replica back while the request rate holds (~60 req/s): that
+    is the recommendation moving, not an idle gap (rebuy_min_fall_frac). When the traffic then ends, the fleet
+    goes down within the scale-down window instead of holding the 4 for hold_across_gaps_max_s (600 s)."""
+    four, three, idle = Load(decode=4 * 204), Load(decode=3 * 204), Load(decode=1)
+    timeline = [(0.0, four), (60.0, three), (120.0, four), (300.0, idle), (900.0, idle)]
+    rates = {0.0: 60.0, 60.0: 58.0, 120.0: 62.0, 300.0: 0.0}
+    state, ticks = _drive(_fleet(4), _gap_config(), timeline, rates)
+    actions = [(now, d.action) for now, d in ticks if d.action != Action.HOLD]
+    assert [a for _, a in actions[:2]] == [Action.SCALE_DOWN, Action.SCALE_UP]  # the trim and its re-buy
+    assert state.services["decode"].rebuy_counts == ()
+    counts = {now: d.final_replicas for now, d in ticks}
+    assert counts[400.0] == 1  # released within the 30 s window (and 1.5 x the re-buy's gap) of the traffic's end
+    assert not any(Reason.SCALE_DOWN_HELD_ACROSS_GAPS in d.reasons for _, d in ticks)
+
+
+def test_a_rebuy_after_the_traffic_fell_is_held_across_the_next_gap() -> None:
+    """The same fleet moves, but the request rate fell from 60 to 10 req/s while the capacity was released and came
+    back with it: an idle gap, and the 4 bought back are held after the traffic ends."""
+    four, one, idle = Load(decode=4 * 204), Load(decode=1 * 204), Load(decode=1)
+    timeline = [(0.0, four), (60.0, one), (200.0, four), (300.0, idle), (900.0, idle)]
+    rates = {0.0: 60.0, 60.0: 10.0, 200.0: 60.0, 300.0: 0.0}
+    state, ticks = _drive(_fleet(4), _gap_config(), timeline, rates)
+    assert state.services["decode"].rebuy_counts[0][1] == 4
+    counts = {now: d.final_replicas for now, d in ticks}
+    reasons = {now: d.reasons for now, d in ticks}
+    assert counts[595.0] == 4 and Reason.SCALE_DOWN_HELD_ACROSS_GAPS in reasons[595.0]  # past 1.5 x the gap
