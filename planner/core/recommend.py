@@ -202,7 +202,10 @@ def recommend_sla(
     )
     ttft_limit = sla.ttft_ms * (1.0 - ttft_headroom)
     itl_limit = sla.itl_ms * (1.0 - itl_headroom)
-    kv_per_request = load.decode_kv_tokens / load.decode_requests if load.decode_requests > 0 else isl
+    # The KV each decoding request holds; a request count below one (a sub-normal override: 1 token over 5e-324
+    # requests) overflows the ratio, and inf x 0 requests reached the step model as an invalid load.
+    kv_ratio = load.decode_kv_tokens / load.decode_requests if load.decode_requests > 0 else isl
+    kv_per_request = kv_ratio if math.isfinite(kv_ratio) else isl
     decode_batch = load.decode_requests + load.queued_decode_requests  # a queued decode joins the next step
     # Prefill throughput of one engine (tokens/s) from the time of one full chunk.
     chunk_ms = predictor.predict_ttft_ms(float(mnbt), 0.0, mnbt).value_ms if rate else 0.0

@@ -162,6 +162,26 @@ def test_a_prompt_of_2_50_tokens_is_unreachable_not_a_hang(timer: ProfileStepTim
     assert d.final_replicas == 4 and Reason.SLA_UNREACHABLE in d.reasons
 
 
+@pytest.mark.parametrize("role", [Role.DECODE, Role.AGG])
+def test_a_subnormal_decode_count_does_not_overflow_the_kv_per_request(timer: ProfileStepTimer, role: Role) -> None:
+    """Found by the reliability property's example database: 1 KV token over 5e-324 decoding requests made the KV
+    per request infinite, and the step model refused the load (InvalidLoadError: the tick was lost). The KV per
+    request falls back to the prompt length; the tick answers with an SLA recommendation."""
+    fleet = _sla_fleet(role)
+    fleet.publish_all(0.0, Load(decode=0, kv=0))
+    observation = Observation(
+        workers=dict(fleet.workers),
+        fleet=fleet.store.snapshot(0.0),
+        deployments=dict(fleet.deployments),
+        load_override={role: RoleLoad(decode_requests=5e-324, decode_kv_tokens=1.0)},
+    )
+    config = CoreConfig(roles={role: RoleConfig(mode=Mode.SLA, max_replicas=12)})
+    _, decisions = step(CoreState(), observation, 0.0, config, predictors={role: PerfModel(role, bootstrap=timer)})
+    (d,) = decisions
+    assert d.mode == Mode.SLA and Reason.LOAD_INVALID not in d.reasons
+    assert 0 <= d.final_replicas <= 12
+
+
 @pytest.mark.timeout(30)
 def test_what_if_on_a_role_without_workers_prefills_in_a_sane_chunk(timer: ProfileStepTimer) -> None:
     """Issue 12 item 3: no discovered prefill worker made the chunk 1 token, so a 1e9-token what-if never answered."""
