@@ -138,6 +138,11 @@ def record_scale(
             gap = now - left[-1][0]
             if traffic_fell(rc, left[-1][1], rate):
                 counts = (*counts, (now, final, rate))[-16:]
+            elif gap < effective_startup_s(rc, state):
+                # a trim bought back at the same traffic within a start-up saved nothing and cost one: the
+                # recommendation stayed below the count for the whole window before the trim and the gap after it;
+                # the window grows past that run (each such flap grows it further, up to hold_across_gaps_max_s)
+                gap += scale_down_window_s(rc, state, now)
             return msgspec.structs.replace(
                 state, rebuy_gaps=(*kept, (now, gap))[-16:], rebuy_counts=counts, scale_downs=downs
             )

@@ -5,6 +5,7 @@ and of re-buy gaps (30 minutes; a re-buy within ``hold_across_gaps_max_s``)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from planner.core import Mode, RoleConfig
@@ -132,7 +133,7 @@ def test_a_rebuy_counts_only_after_the_traffic_fell(lowest: float | None, rate: 
 
 def test_a_trim_bought_back_at_the_same_traffic_grows_the_window_but_holds_no_count() -> None:
     now = 10000.0
-    state = ServiceState(scale_downs=((now - 50.0, 4, 58.0),))
+    state = ServiceState(scale_downs=((now - 50.0, 4, 58.0),), startup_s_observed=15.0)  # 50 s: past a start-up
     after = record_scale(state, RC, 3, 4, now, 62.0)
     assert after.rebuy_gaps == ((now, 50.0),)  # the window covers the recommendation's oscillation
     assert after.rebuy_counts == () and gap_hold(RC, after, now) is None
@@ -154,3 +155,21 @@ def test_a_remembered_rebuy_is_renewed_when_the_traffic_fell_and_needs_its_count
     assert record_scale(unknown, RC, 9, 9, now, None).rebuy_counts == unknown.rebuy_counts  # no rate: no renewal
     later = record_scale(state, RC, 9, 9, now + 801.0, 3.0)  # past 30 minutes: forgotten
     assert later.rebuy_counts == ()
+
+
+def test_a_trim_bought_back_within_a_start_up_grows_the_window_past_its_run() -> None:
+    """A replica trimmed and bought back at the same traffic within one start-up saved nothing and cost a
+    start-up: the recommendation stayed below the count for the window before the trim (two 15 s start-ups) and
+    the 5 s after it, so the window grows past that run (1.5 x 35 s); each such flap grows it further."""
+    now = 10000.0
+    rc = RoleConfig(mode=Mode.THRESHOLD)  # 2 start-ups
+    state = ServiceState(scale_downs=((now - 5.0, 4, 60.0),), startup_s_observed=15.0)
+    after = record_scale(state, rc, 3, 4, now, 60.0)
+    assert after.rebuy_gaps == ((now, 35.0),) and after.rebuy_counts == ()
+    assert scale_down_window_s(rc, after, now) == pytest.approx(52.5)
+    again = msgspec.structs.replace(after, scale_downs=((now + 95.0, 4, 60.0),))
+    assert scale_down_window_s(rc, record_scale(again, rc, 3, 4, now + 100.0, 60.0), now + 100.0) == pytest.approx(
+        1.5 * (5.0 + 52.5)
+    )
+    slow = ServiceState(scale_downs=((now - 20.0, 4, 60.0),), startup_s_observed=15.0)  # came back after a start-up
+    assert record_scale(slow, rc, 3, 4, now, 60.0).rebuy_gaps == ((now, 20.0),)
