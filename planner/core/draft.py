@@ -175,9 +175,10 @@ def draft_service(
         in_flight=deployment is not None and deployment.in_flight,
         queued_prefill_tokens=None if invalid else load.queued_prefill_tokens,
         startup_s=startup_s,
+        aggregated=role is Role.AGG,
     )
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
-        corrections = (feedback.state.ttft_frac, feedback.state.itl_frac)
+        corrections = (feedback.ttft_frac, feedback.itl_frac)  # a relaxation scaled to the requests now
         if corrections != (0.0, 0.0):
             value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled)[
                 0

@@ -22,6 +22,20 @@ before the capacity came drains on the capacity up, and the misses are its reque
 its prompts' chunks). With no usable observation (unknown, or
 fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
 
+A relaxed correction (negative) is a calibration measured on the requests it was earned on, and is not
+extrapolated beyond them: it remembers the range of work per request (prompt plus output tokens) of the windows
+whose relaxation counted (:class:`RelaxRange`: the lowest and highest window means, widened by the spread the
+windows themselves showed, p90 over the mean), and is forgotten with the relaxation. On aggregated engines, when
+the traffic's mean request is larger than that range, recommend applies only the relaxation re-earned on requests
+beyond it (the observation's evidence, counted also while the correction is held at its bound), never more than
+the correction; once it is re-earned whole there, the range grows to the new size. There the prediction is
+composed (prompt chunks sharing steps with decodes, each chunk attending to the earlier ones, the decode batch a
+fixed point) and its error depends on that mix, which the requests' size sets: a model found pessimistic on
+300-token prompts says nothing about 4,000-token ones. Smaller requests are the safe side (the model's error
+there is the better-measured, lighter load): they get the relaxation whole. Prefill-only and decode-only engines
+keep it whole: each is predicted from its own measured step times for one kind of work, whose error does not
+change with the mix. The correction itself is unchanged.
+
 Pure: ``now`` is an argument; the state is :class:`FeedbackState`, kept in the service's
 :class:`planner.core.state.ServiceState`.
 """
@@ -36,7 +50,24 @@ from planner.core.config import SlaFeedbackConfig
 from planner.core.decision import Reason
 from planner.core.observation import Traffic
 
-__all__ = ["FeedbackState", "FeedbackUpdate", "update_feedback"]
+__all__ = ["FeedbackState", "FeedbackUpdate", "RelaxRange", "request_work_tokens", "update_feedback"]
+
+
+class RelaxRange(msgspec.Struct, frozen=True, kw_only=True):
+    """The work per request (prompt plus output tokens) a relaxed correction was earned on: the lowest and highest
+    mean of the windows whose relaxation counted, and those windows' own spread (p90 over the mean, weighted by
+    the relaxation each added). ``beyond_frac``: the relaxation re-earned since the requests grew past the range
+    (what recommend applies there)."""
+
+    lo_tokens: float
+    hi_tokens: float
+    spread_tokens: float = 0.0
+    beyond_frac: float = 0.0
+
+    def covers(self, work_tokens: float) -> bool:
+        """Whether a traffic of this mean work per request lies within what the relaxation was measured on (or
+        below it: the safe side)."""
+        return work_tokens <= self.hi_tokens + self.spread_tokens
 
 
 class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,12 +86,87 @@ class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
     # The prefill queue (queued prompt tokens) at the last update: a queue falling since says the capacity up drains
     # the backlog that built before it came.
     queued_prefill_tokens: float | None = None
+    # The request sizes each relaxed correction was earned on; None: no relaxation in force, or earned on traffic of
+    # unknown size (then applied whole).
+    ttft_relaxed_range: RelaxRange | None = None
+    itl_relaxed_range: RelaxRange | None = None
 
 
 class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
     state: FeedbackState
     reason: Reason | None  # None: no correction in force and none moved
     detail: str
+    # The corrections recommend applies: the state's, a relaxed one only as far as re-earned when the requests are
+    # larger now than the range it was earned on.
+    ttft_frac: float = 0.0
+    itl_frac: float = 0.0
+
+
+def request_work_tokens(traffic: Traffic | None) -> float | None:
+    """The traffic's mean work per request, prompt plus output tokens (None: its prompt length is not known)."""
+    if traffic is None or not traffic.isl_tokens or traffic.isl_tokens <= 0:
+        return None
+    return traffic.isl_tokens + max(traffic.osl_tokens or 0.0, 0.0)
+
+
+def _window_spread_tokens(traffic: Traffic, work: float) -> float:
+    """How far the window's larger requests reach past its mean: p90 prompt plus p90 output tokens over the mean
+    work (each p90 falling back to its mean when not known); 0 at least."""
+    isl = traffic.isl_tokens_p90 if traffic.isl_tokens_p90 is not None else traffic.isl_tokens
+    osl = traffic.osl_tokens_p90 if traffic.osl_tokens_p90 is not None else traffic.osl_tokens
+    return max((isl or 0.0) + max(osl or 0.0, 0.0) - work, 0.0)
+
+
+def _relaxed_range(
+    before: float, after: float, earned: RelaxRange | None, work: float | None, spread: float, evidence: float
+) -> RelaxRange | None:
+    """The range a relaxed correction rests on after it moved ``before`` -> ``after``. ``evidence``: the relaxation
+    this tick's observation asks for (before the bound), so a correction held at its bound still counts the
+    traffic now. Inside the range (or below it) a tick that relaxed widens it to this window; beyond it, the
+    relaxation asked accumulates in ``beyond_frac`` until it is the whole correction, and then the range grows to
+    this window. A correction shrinking (tightened, decayed) keeps its range; one gone forgets it."""
+    relaxed = max(-after, 0.0)
+    if relaxed <= 0.0:
+        return None
+    added = max(relaxed - max(-before, 0.0), evidence, 0.0)
+    if work is None:
+        return earned
+    if earned is None:
+        if added <= 0.0 or before < 0.0:  # earned before on traffic of unknown size: not attributable
+            return None
+        return RelaxRange(lo_tokens=work, hi_tokens=work, spread_tokens=spread)
+    weight = min(added / relaxed, 1.0)
+    if earned.covers(work):
+        if added <= 0.0:
+            return msgspec.structs.replace(earned, beyond_frac=0.0)
+        return RelaxRange(
+            lo_tokens=min(earned.lo_tokens, work),
+            hi_tokens=max(earned.hi_tokens, work),
+            spread_tokens=earned.spread_tokens + (spread - earned.spread_tokens) * weight,
+        )
+    beyond = earned.beyond_frac + added
+    if beyond < relaxed:
+        return msgspec.structs.replace(earned, beyond_frac=beyond)
+    return RelaxRange(  # re-earned whole on these larger requests: the range grows to them
+        lo_tokens=earned.lo_tokens,
+        hi_tokens=work,
+        spread_tokens=earned.spread_tokens + (spread - earned.spread_tokens) * weight,
+    )
+
+
+def _applied(correction: float, earned: RelaxRange | None, work: float | None) -> float:
+    """The correction recommend applies: a relaxed one, when the requests are larger now than its range, only the
+    part re-earned on them."""
+    if correction >= 0.0 or earned is None or work is None or earned.covers(work):
+        return correction
+    return -min(-correction, earned.beyond_frac)
+
+
+def _relax_evidence(attainment: float | None, samples: int | None, dt: float, cfg: SlaFeedbackConfig) -> float:
+    """The relaxation an attainment above the goal asks for this tick, before the bound (0: none)."""
+    if attainment is None or samples is None or samples < cfg.min_samples or attainment <= cfg.attainment_goal:
+        return 0.0
+    return cfg.gain_per_s * cfg.relax_gain_ratio * (attainment - cfg.attainment_goal) * dt
 
 
 def _one(
@@ -101,8 +207,9 @@ _REASONS = {
     "clamped": Reason.SLA_FEEDBACK_CLAMPED,
     "frozen": Reason.SLA_FEEDBACK_FROZEN,
     "decay": Reason.SLA_FEEDBACK_DECAYED,
+    "beyond_range": Reason.SLA_FEEDBACK_RELAX_BEYOND_RANGE,
 }
-_PRIORITY = ("clamped", "frozen", "tighten", "relax", "decay")
+_PRIORITY = ("beyond_range", "clamped", "frozen", "tighten", "relax", "decay")
 _DEFAULT_WINDOW_S = 30.0  # the attainment window when the traffic does not say
 
 
@@ -126,6 +233,7 @@ def update_feedback(
     in_flight: bool,
     queued_prefill_tokens: float | None = None,
     startup_s: float = 0.0,
+    aggregated: bool = False,
 ) -> FeedbackUpdate:
     """Fold this tick's observed attainment into the corrections (see the module docstring).
     ``queued_prefill_tokens``: the role's prefill queue now (None: not known); ``startup_s``: the start-up delay
@@ -165,6 +273,24 @@ def update_feedback(
     itl, itl_how = _one(
         state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen or backlog_draining
     )
+    work = request_work_tokens(traffic)
+    spread = 0.0 if work is None else _window_spread_tokens(t, work)
+    ttft_on = _relaxed_range(
+        state.ttft_frac,
+        ttft,
+        state.ttft_relaxed_range,
+        work,
+        spread,
+        _relax_evidence(t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg),
+    )
+    itl_on = _relaxed_range(
+        state.itl_frac,
+        itl,
+        state.itl_relaxed_range,
+        work,
+        spread,
+        _relax_evidence(t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg),
+    )
     new = FeedbackState(
         ttft_frac=ttft,
         itl_frac=itl,
@@ -173,18 +299,31 @@ def update_feedback(
         hold_until=hold_until,
         in_flight_at=in_flight_at,
         queued_prefill_tokens=queued_prefill_tokens,
+        ttft_relaxed_range=ttft_on,
+        itl_relaxed_range=itl_on,
     )
     hows = {ttft_how, itl_how} - {""}
     if not hows and ttft == 0.0 and itl == 0.0:
         return FeedbackUpdate(state=new, reason=None, detail="")
+    ttft_applied, itl_applied = ttft, itl
+    if aggregated:
+        ttft_applied, itl_applied = _applied(ttft, ttft_on, work), _applied(itl, itl_on, work)
+    if (ttft_applied, itl_applied) != (ttft, itl):
+        hows.add("beyond_range")
     how = next((h for h in _PRIORITY if h in hows), "")
     parts = []
-    for name, value, attained, samples, moved in (
-        ("TTFT", ttft, t.ttft_attainment_frac, t.ttft_samples_in_window, ttft_how),
-        ("ITL", itl, t.itl_attainment_frac, t.itl_samples_in_window, itl_how),
+    for name, value, applied, on, attained, samples, moved in (
+        ("TTFT", ttft, ttft_applied, ttft_on, t.ttft_attainment_frac, t.ttft_samples_in_window, ttft_how),
+        ("ITL", itl, itl_applied, itl_on, t.itl_attainment_frac, t.itl_samples_in_window, itl_how),
     ):
         seen = f"{attained:.2%} of {samples}" if attained is not None and samples is not None else "no observation"
-        parts.append(f"{name} headroom {value:+.3f} ({moved or 'held'}; observed {seen})")
+        part = f"{name} headroom {value:+.3f} ({moved or 'held'}; observed {seen})"
+        if applied != value and on is not None and work is not None:
+            part += (
+                f", applied {applied:+.3f} (relaxed on {on.lo_tokens:.0f}..{on.hi_tokens:.0f}-token requests"
+                f" +{on.spread_tokens:.0f} spread, {work:.0f} now)"
+            )
+        parts.append(part)
     detail = f"goal {cfg.attainment_goal:.0%}: " + ", ".join(parts)
     if backlog_draining and "frozen" in hows and not frozen:
         detail += (
@@ -199,7 +338,13 @@ def update_feedback(
                 f"; not tightening: at least {before:.0%} of the requests reported arrived before the capacity"
                 f" came {now - (in_flight_at or now):.0f} s ago"
             )
-    return FeedbackUpdate(state=new, reason=_REASONS.get(how, Reason.SLA_FEEDBACK_HELD), detail=detail)
+    return FeedbackUpdate(
+        state=new,
+        reason=_REASONS.get(how, Reason.SLA_FEEDBACK_HELD),
+        detail=detail,
+        ttft_frac=ttft_applied,
+        itl_frac=itl_applied,
+    )
 
 
 def _backlog_drains_in_s(state: FeedbackState, queued: float | None, now: float, dt: float) -> float | None:
