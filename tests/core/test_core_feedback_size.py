@@ -155,3 +155,22 @@ def test_a_relaxation_earned_on_short_prompts_does_not_shrink_the_scale_up_a_pro
     stage = decision.stage(Stage.SLA_FEEDBACK)
     assert stage is not None and stage.reason == Reason.SLA_FEEDBACK_RELAX_BEYOND_RANGE
     assert "applied -0.00" in stage.detail and "4545 now" in stage.detail
+
+
+def test_the_wide_windows_of_a_jump_do_not_stretch_the_range_to_the_new_size() -> None:
+    """A window that straddles a prompt-length jump (short and long prompts mixed: its p90 is a long prompt) is
+    within the range and still earned relaxation; its spread is weighed in only at the share of the relaxation it
+    added, so the next window, mostly long prompts, is beyond the range and gets only what it re-earned."""
+    state = FeedbackState()
+    short = _met(350.0, 175.0, isl_p90=600.0, osl_p90=250.0)  # work 525, spread 850 - 525 = 325
+    for i in range(240):
+        state = update_feedback(state, short, i * 5.0, CFG, in_flight=False, aggregated=True).state
+    on = state.ttft_relaxed_range
+    assert on is not None and (on.hi_tokens, on.spread_tokens) == (525.0, pytest.approx(325.0))
+    straddling = _met(600.0, 175.0, isl_p90=4400.0, osl_p90=250.0)  # work 775: within 525 + 325
+    update = update_feedback(state, straddling, 1200.0, CFG, in_flight=False, aggregated=True)
+    assert update.ttft_frac == -CFG.max_relax_frac
+    on = update.state.ttft_relaxed_range
+    assert on is not None and on.hi_tokens == 775.0 and 325.0 < on.spread_tokens < 350.0  # not 3,875
+    mostly_long = update_feedback(update.state, _met(3000.0, 160.0), 1205.0, CFG, in_flight=False, aggregated=True)
+    assert -0.01 < mostly_long.ttft_frac < 0.0 and mostly_long.state.ttft_frac == -CFG.max_relax_frac
