@@ -72,6 +72,7 @@ class Reason(enum.StrEnum):
     SLA_MET = "sla_met"
     DECODE_BATCH_LIMIT = "decode_batch_limit"
     FORECAST_CAPACITY_BEFORE_BATCH_LIMIT = "forecast_capacity_before_batch_limit"
+    FORECAST_CAPACITY_HELD_COUNT = "forecast_capacity_held_count"
     SLA_UNREACHABLE = "sla_unreachable"
     PERF_MODEL_NOT_READY = "perf_model_not_ready"
     SILENT_COUNTED_IDLE = "silent_counted_idle"

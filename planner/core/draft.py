@@ -165,6 +165,8 @@ def draft_service(
     if override is not None:
         reasons.append(Reason.LOAD_OVERRIDDEN)
     value = rec.replicas
+    # a count held at current, not set by the load (the floor's derived capacity does not learn from it)
+    held = rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID)
 
     # sla feedback: the observed attainment corrects the headroom; recommend again with it (SLA mode only)
     feedback = update_feedback(
@@ -180,9 +182,11 @@ def draft_service(
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.ttft_frac, feedback.itl_frac)  # a relaxation scaled to the requests now
         if corrections != (0.0, 0.0):
-            value = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled)[
+            corrected = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled)[
                 0
-            ].replicas
+            ]
+            value = corrected.replicas
+            held = held or corrected.reason == Reason.SLA_UNREACHABLE
         value = add_stage(
             stages,
             reasons,
@@ -207,6 +211,16 @@ def draft_service(
             if rec.reason == Reason.DECODE_BATCH_LIMIT and value == rec.replicas and value > 1:
                 basis = value - 1
                 reasons.append(Reason.FORECAST_CAPACITY_BEFORE_BATCH_LIMIT)
+            if held and value == current:
+                # a count held at current (the SLA unreachable, or a load it cannot trust) was not set by the load:
+                # the capacity is derived from the count the hold began at, not from one the floor raised since
+                anchor = min(fstate.held_count if fstate.held_count is not None else current, current)
+                if anchor < basis:
+                    basis = anchor
+                    reasons.append(Reason.FORECAST_CAPACITY_HELD_COUNT)
+                fstate = msgspec.structs.replace(fstate, held_count=anchor)
+            elif fstate.held_count is not None:
+                fstate = msgspec.structs.replace(fstate, held_count=None)
             fstate, capacity = derived_capacity(fstate, rate, basis, now, fc)
         if predicted_rate is None or (capacity is None and predicted_rate > 0):
             value = add_stage(

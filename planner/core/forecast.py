@@ -57,6 +57,9 @@ class ForecastState(msgspec.Struct, frozen=True, kw_only=True):
     # history_s (at low load the recommendation sits at a floor and rate / replicas says nothing of capacity).
     capacity_rps: float | None = None
     capacity_at: float | None = None
+    # The count when the recommendation began holding at current (not set by the load): while the hold lasts, the
+    # derived capacity is rate / this count, not rate / a count the floor itself raised since (a ratchet).
+    held_count: int | None = None
     # Holt's trend checked against what came (trend_gain): the rises it predicted horizon_s ahead, (due at, level
     # when predicted, rise), and the decayed sums of the rises predicted and of those that came (each capped at
     # its prediction).
@@ -148,6 +151,7 @@ def _update_filters(state: ForecastState, rate_per_s: float, now: float, config:
         return ForecastState(
             capacity_rps=state.capacity_rps,
             capacity_at=state.capacity_at,
+            held_count=state.held_count,
             history=history,
             last_at=now,
             holt_level=rate_per_s,
@@ -194,10 +198,12 @@ def _update_filters(state: ForecastState, rate_per_s: float, now: float, config:
             kalman_level=rate_per_s,
             capacity_rps=state.capacity_rps,
             capacity_at=state.capacity_at,
+            held_count=state.held_count,
         )
     return ForecastState(
         capacity_rps=state.capacity_rps,
         capacity_at=state.capacity_at,
+        held_count=state.held_count,
         history=history,
         last_at=now,
         holt_level=level,
