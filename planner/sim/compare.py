@@ -42,7 +42,15 @@ class CompareSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 def ours_core_config(settings: CompareSettings) -> CoreConfig:
     """The decision-core config "ours" runs with: the file given, else defaults with the replay's SLA targets
-    and replica bounds."""
+    and replica bounds. A role of the replay's fleet that the file does not name runs with the replay's SLA and
+    bound too, as without a file: the core's own default targets (``SlaTargets``: TTFT 500 ms) are not the SLA the
+    replay scores, and a file naming only ``agg`` must not judge a disaggregated fleet's prefill against them."""
+    role = RoleConfig(
+        min_replicas=1,
+        max_replicas=settings.max_replicas,
+        gpus_per_replica=settings.fleet.gpus_per_replica,
+        sla=SlaTargets(ttft_ms=settings.sla.ttft_ms, itl_ms=settings.sla.itl_ms),
+    )
     if settings.core_config_path:
         import yaml
 
@@ -52,13 +60,14 @@ def ours_core_config(settings: CompareSettings) -> CoreConfig:
             raise ConfigError(f"cannot read core config {settings.core_config_path}: {exc}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{settings.core_config_path}: expected a mapping")
-        return load_config(data)
-    role = RoleConfig(
-        min_replicas=1,
-        max_replicas=settings.max_replicas,
-        gpus_per_replica=settings.fleet.gpus_per_replica,
-        sla=SlaTargets(ttft_ms=settings.sla.ttft_ms, itl_ms=settings.sla.itl_ms),
-    )
+        named = data.get("roles")
+        config = load_config(data)
+        missing = [r for r in settings.fleet.roles if not isinstance(named, dict) or str(r) not in named]
+        if not missing:
+            return config
+        return CoreConfig(
+            roles={**config.roles, **{r: role for r in missing}}, max_total_gpus=config.max_total_gpus
+        )
     return CoreConfig(roles={r: role for r in settings.fleet.roles})
 
 
