@@ -11,6 +11,9 @@ import yaml
 from planner.core import RoleConfig, SlaTargets, load_config
 from planner.core.decision import Mode
 from planner.discovery import Role
+from planner.sim.compare import CompareSettings, ours_core_config
+from planner.sim.fleet_config import FleetConfig
+from planner.sim.metrics import SlaConfig
 
 CONFIGS = Path(__file__).parents[2] / "planner" / "sim" / "configs"
 
@@ -28,3 +31,22 @@ def test_ours_replay_is_the_shipped_default() -> None:
     shipped = msgspec.structs.replace(RoleConfig(), sla=SlaTargets(ttft_ms=2000, itl_ms=50), max_replicas=64)
     assert role == shipped
     assert role.mode in (Mode.AUTO, Mode.SLA)
+
+
+def test_a_file_naming_only_agg_gives_a_disaggregated_fleet_the_replays_sla() -> None:
+    """ours_replay.yaml names only ``agg``: on a disaggregated replay, prefill and decode run with the replay's SLA
+    (TTFT 2000 ms) and bound, as without a file, not SlaTargets' 500 ms default (prefill sized for a 4x tighter
+    TTFT than the one scored)."""
+    settings = CompareSettings(
+        fleet=FleetConfig(disaggregated=True),
+        sla=SlaConfig(ttft_ms=2000.0, itl_ms=50.0),
+        max_replicas=48,
+        core_config_path=str(CONFIGS / "ours_replay.yaml"),
+    )
+    config = ours_core_config(settings)
+    for role in (Role.PREFILL, Role.DECODE):
+        assert config.role(role).sla.ttft_ms == 2000 and config.role(role).sla.itl_ms == 50
+        assert config.role(role).max_replicas == 48
+    assert config.role(Role.AGG) == load_config(yaml.safe_load((CONFIGS / "ours_replay.yaml").read_text())).role(
+        Role.AGG
+    )
