@@ -326,6 +326,9 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # SLA mode: the engines' prefill chunk (max_num_batched_tokens) when no engine of the role reports one (no
     # worker discovered, e.g. a what-if on an empty role); vLLM's default for online serving.
     default_max_num_batched_tokens: int = 8192
+    # SLA mode, prefill role: the time constant of the prompt-length spread's EWMA (planner.core.prompt_spread) that
+    # sizes the prefill queue's wait (Pollaczek-Khinchine); 0: the spread is not used (an M/D/1 wait at the mean).
+    prompt_spread_window_s: float = 300.0
     # The actuator's hard bounds for this role's deployment (None: not given). The core's effective bounds are the
     # intersection with min_replicas/max_replicas (reason capped_by_actuator_bounds); set them with
     # CoreConfig.with_actuator_bounds, which refuses bounds that do not intersect.
@@ -381,6 +384,10 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         _need(
             self.default_max_num_batched_tokens >= 1,
             f"default_max_num_batched_tokens must be >= 1, got {self.default_max_num_batched_tokens!r}",
+        )
+        _need(
+            math.isfinite(self.prompt_spread_window_s) and self.prompt_spread_window_s >= 0,
+            f"prompt_spread_window_s must be >= 0, got {self.prompt_spread_window_s!r}",
         )
         a = self.actuator_bounds
         _need(

@@ -19,6 +19,7 @@ from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
 from planner.core.forecast import ForecastState, damped_floor, derived_capacity, forecast_rate, update_forecast
 from planner.core.observation import Observation, RoleLoad, Traffic
+from planner.core.prompt_spread import service_cv2, update_log_var
 from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
 from planner.core.reconcile import Reconciled
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
@@ -79,6 +80,7 @@ def _recommend(
     corrections: tuple[float, float] = (0.0, 0.0),
     startup_s: float = 0.0,
     tail_may_raise: bool = True,
+    prompt_cv2: float = 0.0,
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -101,6 +103,7 @@ def _recommend(
             attainment_goal=rc.sla_feedback.attainment_goal,
             min_samples=rc.sla_feedback.min_samples,
             tail_may_raise=tail_may_raise,
+            prompt_cv2=prompt_cv2 if role is Role.PREFILL else 0.0,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
@@ -137,6 +140,12 @@ def draft_service(
     # start-up delay: measured from the deployment's desired -> ready transitions, else configured
     startup_s = effective_startup_s(rc, sstate)
 
+    # the prompt lengths' spread over a longer span than the window (prefill's queue wait, planner.core.prompt_spread)
+    prompt_log_var, prompt_log_var_at = update_log_var(
+        sstate.prompt_log_var, sstate.prompt_log_var_at, traffic, now, rc.prompt_spread_window_s
+    )
+    prompt_cv2 = service_cv2(prompt_log_var) if rc.prompt_spread_window_s > 0 else 0.0
+
     # the tail's observed misses add replicas only when capacity is not still coming (they predate it)
     settled = not (deployment is not None and deployment.in_flight) and not (
         sstate.feedback.hold_until is not None and now < sstate.feedback.hold_until
@@ -155,7 +164,16 @@ def draft_service(
         extra: tuple[Reason, ...] = ()
     else:
         rec, extra = _recommend(
-            role, rc, current, recon, load, traffic, predictor, startup_s=startup_s, tail_may_raise=settled
+            role,
+            rc,
+            current,
+            recon,
+            load,
+            traffic,
+            predictor,
+            startup_s=startup_s,
+            tail_may_raise=settled,
+            prompt_cv2=prompt_cv2,
         )
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
@@ -182,9 +200,9 @@ def draft_service(
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.ttft_frac, feedback.itl_frac)  # a relaxation scaled to the requests now
         if corrections != (0.0, 0.0):
-            corrected = _recommend(role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled)[
-                0
-            ]
+            corrected = _recommend(
+                role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, prompt_cv2
+            )[0]
             value = corrected.replicas
             held = held or corrected.reason == Reason.SLA_UNREACHABLE
         value = add_stage(
@@ -345,6 +363,8 @@ def draft_service(
         scale_up_rate_per_s=sstate.scale_up_rate_per_s,
         forecast=fstate,
         feedback=feedback.state,
+        prompt_log_var=prompt_log_var,
+        prompt_log_var_at=prompt_log_var_at,
     )
     return Draft(
         role=role,

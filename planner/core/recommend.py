@@ -53,6 +53,9 @@ class Recommendation(msgspec.Struct, frozen=True, kw_only=True):
     arrivals_replicas: int | None = None
 
 
+_MAX_PROMPT_CV2 = 10.0  # a spread past this is not a prompt-length distribution the queue model can use
+
+
 def _ceil(x: float) -> int:
     """ceil for a replica need; an unbounded (or NaN) need is capped far above any bound rather than raising."""
     if not x > 0:
@@ -143,6 +146,7 @@ def recommend_sla(
     attainment_goal: float = 0.99,
     min_samples: int = 20,
     tail_may_raise: bool = True,
+    prompt_cv2: float = 0.0,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -339,6 +343,9 @@ def recommend_sla(
         ratio = math.sqrt(miss_budget * missed) / max(tail_miss(now_agg, current * dp), 1e-9)
         miss_scale = min(max(ratio, _MIN_TAIL_SCALE), _MAX_TAIL_SCALE)
 
+    # The prompts' service-time spread (Pollaczek-Khinchine: an M/G/1 waits 1 + CV^2 times the M/D/1), bounded.
+    queue_cv2 = min(max(prompt_cv2, 0.0), _MAX_PROMPT_CV2) if math.isfinite(prompt_cv2) else 0.0
+
     # the counts the decode batch limit ruled out (a batch per engine past max_num_seqs, which met the ITL otherwise)
     batch_limited: dict[int, float] = {}
 
@@ -354,7 +361,7 @@ def recommend_sla(
                 utilization = rate * isl / engines / tokens_per_s
                 if utilization >= 1.0:
                     return False, math.inf, None
-                backlog = max(backlog, isl * mdl_queue_requests(utilization))
+                backlog = max(backlog, isl * mdl_queue_requests(utilization) * (1.0 + queue_cv2))
             ttft = predictor.predict_ttft_ms(isl, backlog, mnbt).upper_ms
             if ttft_isl > isl:
                 ttft = max(ttft, predictor.predict_ttft_ms(ttft_isl, backlog, mnbt).upper_ms)

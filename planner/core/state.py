@@ -45,6 +45,9 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     scale_up_rate_per_s: float | None = None
     # SLA mode's closed loop: the headroom corrections from the observed attainment.
     feedback: FeedbackState = msgspec.field(default_factory=FeedbackState)
+    # The prompt lengths' log-normal sigma^2, an EWMA over windows (planner.core.prompt_spread), and when it was fed.
+    prompt_log_var: float | None = None
+    prompt_log_var_at: float | None = None
 
 
 class CoreState(msgspec.Struct, frozen=True, kw_only=True):
