@@ -328,7 +328,7 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     default_max_num_batched_tokens: int = 8192
     # SLA mode, prefill role: the time constant of the prompt-length spread's EWMA (planner.core.prompt_spread) that
     # sizes the prefill queue's wait (Pollaczek-Khinchine); 0: the spread is not used (an M/D/1 wait at the mean).
-    prompt_spread_window_s: float = 300.0
+    prompt_spread_window_s: float = 120.0
     # The actuator's hard bounds for this role's deployment (None: not given). The core's effective bounds are the
     # intersection with min_replicas/max_replicas (reason capped_by_actuator_bounds); set them with
     # CoreConfig.with_actuator_bounds, which refuses bounds that do not intersect.

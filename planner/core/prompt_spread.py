@@ -5,8 +5,8 @@ Pollaczek-Khinchine one, the M/D/1 wait times ``1 + CV^2`` of the service time (
 right-skewed (a log-normal is the usual fit: Mooncake's mean 15.3k tokens, p50 11.6k, p90 38.6k); the spread of
 one window's prompts is read from its p50 and p90 as a log-normal's ``sigma^2 = (ln(p90 / p50) / z90)^2``. One
 window holds few prompts and its p90 jumps (a 10 s window's CV^2 took a prefill fleet 7 -> 35 -> 113 replicas), so
-the core keeps a time-weighted EWMA of sigma^2 (time constant ``prompt_spread_window_s``) in its state and sizes
-with that: the distribution's shape changes slowly, the rate and the mean (which the sizing reads per window) fast.
+the core keeps a time-weighted EWMA of sigma^2 (time constant ``prompt_spread_window_s``, 120 s: a dozen windows,
+short enough to follow a shift in the prompt mix within two start-ups) in its state and sizes with that.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def prefill_model() -> PerfModel:
     return PerfModel(Role.PREFILL, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE))
 
 
-def _config(role: Role, window_s: float = 300.0) -> CoreConfig:
+def _config(role: Role, window_s: float = 120.0) -> CoreConfig:
     return CoreConfig(
         roles={
             role: RoleConfig(
@@ -46,7 +46,7 @@ def _config(role: Role, window_s: float = 300.0) -> CoreConfig:
     )
 
 
-def _recommended(model: PerfModel, role: Role, windows: list[Traffic], window_s: float = 300.0) -> list[int]:
+def _recommended(model: PerfModel, role: Role, windows: list[Traffic], window_s: float = 120.0) -> list[int]:
     fleet = Fleet()
     fleet.add_many(8, role)
     fleet.deploy(role.value, 8)
