@@ -65,9 +65,7 @@ def ours_core_config(settings: CompareSettings) -> CoreConfig:
         missing = [r for r in settings.fleet.roles if not isinstance(named, dict) or str(r) not in named]
         if not missing:
             return config
-        return CoreConfig(
-            roles={**config.roles, **{r: role for r in missing}}, max_total_gpus=config.max_total_gpus
-        )
+        return CoreConfig(roles={**config.roles, **{r: role for r in missing}}, max_total_gpus=config.max_total_gpus)
     return CoreConfig(roles={r: role for r in settings.fleet.roles})
 
 
