@@ -467,6 +467,8 @@ def recommend_sla(
         parts.append(f"TTFT {ttft:.1f} ms <= {ttft_limit:.1f}")
     if itl is not None:
         parts.append(f"ITL {itl:.1f} ms <= {itl_limit:.1f}")
+    if queue_cv2 > 0 and ttft is not None and rate:
+        parts.append(f"queue wait x{1.0 + queue_cv2:.2f} for the prompts' spread (CV^2 {queue_cv2:.2f})")
     if n > 1 and mixed is None and check_itl and rate and osl and n - 1 not in batch_limited:
         evaluate(n - 1)
     if n - 1 in batch_limited:

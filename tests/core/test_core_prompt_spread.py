@@ -86,6 +86,26 @@ def test_one_wide_window_moves_the_spread_by_its_share_of_the_span(prefill_model
     assert after[-1] - steady[-1] < (alone - steady[-1]) / 4
 
 
+def test_the_recommend_stage_names_the_spread_it_sized_with(prefill_model: PerfModel) -> None:
+    """The explanation shows the factor the queue wait was scaled by (CV^2 of the heavy tail: e^sigma^2 - 1, sigma
+    from ln(38.6k / 11.6k) / z90), and none for a window of one prompt length."""
+    fleet = Fleet()
+    fleet.add_many(8, Role.PREFILL)
+    fleet.deploy("prefill", 8)
+    details = []
+    for traffic in (HEAVY, NARROW):
+        fleet.publish_all(0.0, Load(prefill=1))
+        _, decisions = fleet.tick(
+            CoreState(), 0.0, _config(Role.PREFILL), {Role.PREFILL: traffic}, predictors={Role.PREFILL: prefill_model}
+        )
+        stage = decisions["prefill"].stage(Stage.RECOMMEND)
+        assert stage is not None
+        details.append(stage.detail)
+    cv2 = math.expm1((math.log(38600.0 / 11600.0) / 1.2815515655446004) ** 2)
+    assert f"queue wait x{1.0 + cv2:.2f} for the prompts' spread (CV^2 {cv2:.2f})" in details[0]
+    assert "prompts' spread" not in details[1]
+
+
 def test_the_aggregated_role_is_not_sized_with_the_spread(prefill_model: PerfModel) -> None:
     assert _recommended(prefill_model, Role.AGG, [HEAVY] * 3) == _recommended(prefill_model, Role.AGG, [NARROW] * 3)
 
