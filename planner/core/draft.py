@@ -20,7 +20,8 @@ from planner.core.feedback import update_feedback
 from planner.core.forecast import ForecastState, damped_floor, derived_capacity, forecast_rate, update_forecast
 from planner.core.observation import Observation, RoleLoad, Traffic
 from planner.core.prompt_spread import service_cv2, update_log_var
-from planner.core.recommend import Recommendation, recommend_sla, recommend_threshold
+from planner.core.recommend import recommend_sla
+from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
 from planner.core.startup import (
@@ -31,6 +32,7 @@ from planner.core.startup import (
     scale_down_window_s,
 )
 from planner.core.state import ServiceState
+from planner.core.threshold import recommend_threshold
 from planner.discovery import Role, WorkerRecord
 
 __all__ = ["Draft", "add_stage", "draft_service"]
