@@ -18,9 +18,19 @@ from typing import Any
 
 import msgspec
 
+from planner.core.config_errors import CoreConfigError, finite_nonneg, need
 from planner.core.decision import Mode
+from planner.core.scale_rules import (
+    PolicyKind,
+    ScaleRules,
+    ScalingPolicy,
+    SelectPolicy,
+    default_scale_down,
+    default_scale_up,
+    hpa_scale_down,
+    hpa_scale_up,
+)
 from planner.discovery import Role
-from planner.errors import ConfigError
 
 __all__ = [
     "Bounds",
@@ -37,98 +47,10 @@ __all__ = [
     "SlaFeedbackConfig",
     "SlaTargets",
     "ThresholdConfig",
+    "hpa_scale_down",
+    "hpa_scale_up",
     "load_config",
 ]
-
-
-class CoreConfigError(ConfigError, ValueError):
-    """A decision-core setting that does not validate. Also a ``ValueError`` so that msgspec, while decoding,
-    turns it into a ``ValidationError`` carrying the field path."""
-
-
-def _need(ok: bool, message: str) -> None:
-    if not ok:
-        raise CoreConfigError(message)
-
-
-def _finite_nonneg(name: str, value: float) -> None:
-    _need(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0, got {value!r}")
-
-
-class PolicyKind(enum.StrEnum):
-    PERCENT = "percent"  # change by at most value% of the replicas at the start of the period
-    REPLICAS = "replicas"  # change by at most value replicas per period
-
-
-class SelectPolicy(enum.StrEnum):
-    MAX = "max"  # the policy allowing the largest change wins (HPA default)
-    MIN = "min"  # the policy allowing the smallest change wins
-    DISABLED = "disabled"  # no change in this direction at all
-
-
-class ScalingPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One HPA scaling policy: at most ``value`` (percent or replicas) per ``period_s``."""
-
-    kind: PolicyKind
-    value: float
-    period_s: float
-
-    def __post_init__(self) -> None:
-        _need(math.isfinite(self.value) and self.value > 0, f"policy value must be > 0, got {self.value!r}")
-        _need(math.isfinite(self.period_s) and self.period_s > 0, f"period_s must be > 0, got {self.period_s!r}")
-
-
-class ScaleRules(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """HPA ``behavior.scaleUp`` / ``scaleDown``: a stabilization window in seconds and rate-limit policies."""
-
-    stabilization_window_s: float
-    policies: tuple[ScalingPolicy, ...]
-    select: SelectPolicy = SelectPolicy.MAX
-
-    def __post_init__(self) -> None:
-        _finite_nonneg("stabilization_window_s", self.stabilization_window_s)
-        _need(
-            bool(self.policies) or self.select == SelectPolicy.DISABLED,
-            "policies must not be empty (use select: disabled to forbid scaling in this direction)",
-        )
-
-
-def hpa_scale_up() -> ScaleRules:
-    """Kubernetes HPA's default scale-up: max(+100 %, +4 pods) per 15 s, no stabilization."""
-    return ScaleRules(
-        stabilization_window_s=0.0,
-        policies=(
-            ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),
-            ScalingPolicy(kind=PolicyKind.REPLICAS, value=4.0, period_s=15.0),
-        ),
-    )
-
-
-def hpa_scale_down() -> ScaleRules:
-    """Kubernetes HPA's default scale-down: 100 % per 15 s, stabilization over the last 300 s."""
-    return ScaleRules(
-        stabilization_window_s=300.0,
-        policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),),
-    )
-
-
-def _default_scale_up() -> ScaleRules:
-    # Shipped default: the whole recommendation at once. A replica takes a start-up to serve and no action stacks
-    # while one is in flight (unless the rate grew), so capping a scale-up at +100 % per 15 s only delays
-    # capacity by whole start-ups.
-    return ScaleRules(
-        stabilization_window_s=0.0,
-        policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),),
-    )
-
-
-def _default_scale_down() -> ScaleRules:
-    # Shipped default: 100 % per 15 s; the window is two start-ups (RoleConfig.scale_down_window_startups), 120 s
-    # with a 60 s cold start: a scale-down made on a dip costs one start-up to undo.
-    return ScaleRules(
-        stabilization_window_s=120.0,
-        policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),),
-    )
 
 
 class SlaTargets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -138,8 +60,8 @@ class SlaTargets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     itl_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        _need(math.isfinite(self.ttft_ms) and self.ttft_ms > 0, f"ttft_ms must be > 0, got {self.ttft_ms!r}")
-        _need(math.isfinite(self.itl_ms) and self.itl_ms > 0, f"itl_ms must be > 0, got {self.itl_ms!r}")
+        need(math.isfinite(self.ttft_ms) and self.ttft_ms > 0, f"ttft_ms must be > 0, got {self.ttft_ms!r}")
+        need(math.isfinite(self.itl_ms) and self.itl_ms > 0, f"itl_ms must be > 0, got {self.itl_ms!r}")
 
 
 class ThresholdConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -172,8 +94,8 @@ class ThresholdConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "queued_decode_requests_per_engine",
         ):
             value = getattr(self, name)
-            _need(math.isfinite(value) and value > 0, f"threshold.{name} must be > 0, got {value!r}")
-        _need(0 <= self.tolerance_frac < 1, f"tolerance_frac must be in [0, 1), got {self.tolerance_frac!r}")
+            need(math.isfinite(value) and value > 0, f"threshold.{name} must be > 0, got {value!r}")
+        need(0 <= self.tolerance_frac < 1, f"tolerance_frac must be in [0, 1), got {self.tolerance_frac!r}")
 
 
 class ForecastMethod(enum.StrEnum):
@@ -201,16 +123,16 @@ class ForecastConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     replica_capacity_rps: float | None = None
 
     def __post_init__(self) -> None:
-        _finite_nonneg("forecast.horizon_s", self.horizon_s)
-        _need(math.isfinite(self.history_s) and self.history_s > 0, "forecast.history_s must be > 0")
-        _need(0 < self.alpha <= 1 and 0 <= self.beta <= 1, "forecast.alpha must be in (0, 1], beta in [0, 1]")
-        _need(math.isfinite(self.process_noise) and self.process_noise > 0, "forecast.process_noise must be > 0")
-        _need(
+        finite_nonneg("forecast.horizon_s", self.horizon_s)
+        need(math.isfinite(self.history_s) and self.history_s > 0, "forecast.history_s must be > 0")
+        need(0 < self.alpha <= 1 and 0 <= self.beta <= 1, "forecast.alpha must be in (0, 1], beta in [0, 1]")
+        need(math.isfinite(self.process_noise) and self.process_noise > 0, "forecast.process_noise must be > 0")
+        need(
             math.isfinite(self.measurement_noise) and self.measurement_noise > 0,
             "forecast.measurement_noise must be > 0",
         )
         if self.replica_capacity_rps is not None:
-            _need(
+            need(
                 math.isfinite(self.replica_capacity_rps) and self.replica_capacity_rps > 0,
                 "forecast.replica_capacity_rps must be > 0",
             )
@@ -245,17 +167,17 @@ class SlaFeedbackConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     max_step_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _need(
+        need(
             0 < self.attainment_goal <= 1,
             f"sla_feedback.attainment_goal must be in (0, 1], got {self.attainment_goal!r}",
         )
-        _need(math.isfinite(self.gain_per_s) and self.gain_per_s >= 0, "sla_feedback.gain_per_s must be >= 0")
-        _need(0 <= self.relax_gain_ratio <= 1, "sla_feedback.relax_gain_ratio must be in [0, 1]")
-        _need(self.min_samples >= 1, "sla_feedback.min_samples must be >= 1")
-        _need(0 <= self.max_tighten_frac < 1, "sla_feedback.max_tighten_frac must be in [0, 1)")
-        _need(0 <= self.max_relax_frac < 1, "sla_feedback.max_relax_frac must be in [0, 1)")
-        _need(math.isfinite(self.decay_s) and self.decay_s > 0, "sla_feedback.decay_s must be > 0")
-        _need(math.isfinite(self.max_step_s) and self.max_step_s > 0, "sla_feedback.max_step_s must be > 0")
+        need(math.isfinite(self.gain_per_s) and self.gain_per_s >= 0, "sla_feedback.gain_per_s must be >= 0")
+        need(0 <= self.relax_gain_ratio <= 1, "sla_feedback.relax_gain_ratio must be in [0, 1]")
+        need(self.min_samples >= 1, "sla_feedback.min_samples must be >= 1")
+        need(0 <= self.max_tighten_frac < 1, "sla_feedback.max_tighten_frac must be in [0, 1)")
+        need(0 <= self.max_relax_frac < 1, "sla_feedback.max_relax_frac must be in [0, 1)")
+        need(math.isfinite(self.decay_s) and self.decay_s > 0, "sla_feedback.decay_s must be > 0")
+        need(math.isfinite(self.max_step_s) and self.max_step_s > 0, "sla_feedback.max_step_s must be > 0")
 
 
 class RoleBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -265,7 +187,7 @@ class RoleBounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_replicas: int = 64
 
     def __post_init__(self) -> None:
-        _need(
+        need(
             0 <= self.min_replicas <= self.max_replicas,
             f"need 0 <= min_replicas <= max_replicas, got [{self.min_replicas}, {self.max_replicas}]",
         )
@@ -278,7 +200,7 @@ class Bounds(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_total_gpus: int | None = None
 
     def __post_init__(self) -> None:
-        _need(
+        need(
             self.max_total_gpus is None or self.max_total_gpus >= 0,
             f"max_total_gpus must be >= 0, got {self.max_total_gpus!r}",
         )
@@ -296,8 +218,8 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     threshold: ThresholdConfig = msgspec.field(default_factory=ThresholdConfig)
     forecast: ForecastConfig = msgspec.field(default_factory=ForecastConfig)
     sla_feedback: SlaFeedbackConfig = msgspec.field(default_factory=SlaFeedbackConfig)
-    scale_up: ScaleRules = msgspec.field(default_factory=_default_scale_up)
-    scale_down: ScaleRules = msgspec.field(default_factory=_default_scale_down)
+    scale_up: ScaleRules = msgspec.field(default_factory=default_scale_up)
+    scale_down: ScaleRules = msgspec.field(default_factory=default_scale_down)
     # A target the pods have not reached after this long is reported as target_not_reached.
     pending_timeout_s: float = 300.0
     # SLA mode: predictions must be at most (1 - headroom_frac) x target, on top of the model's upper band.
@@ -346,51 +268,51 @@ class RoleConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     traffic_window_s: float = 10.0
 
     def __post_init__(self) -> None:
-        _need(
+        need(
             0 <= self.min_replicas <= self.max_replicas,
             f"need 0 <= min_replicas <= max_replicas, got [{self.min_replicas}, {self.max_replicas}]",
         )
-        _need(self.gpus_per_replica >= 0, f"gpus_per_replica must be >= 0, got {self.gpus_per_replica}")
-        _finite_nonneg("pending_timeout_s", self.pending_timeout_s)
-        _need(0 <= self.headroom_frac < 1, f"headroom_frac must be in [0, 1), got {self.headroom_frac!r}")
-        _need(
+        need(self.gpus_per_replica >= 0, f"gpus_per_replica must be >= 0, got {self.gpus_per_replica}")
+        finite_nonneg("pending_timeout_s", self.pending_timeout_s)
+        need(0 <= self.headroom_frac < 1, f"headroom_frac must be in [0, 1), got {self.headroom_frac!r}")
+        need(
             self.itl_headroom_frac is None or 0 <= self.itl_headroom_frac < 1,
             f"itl_headroom_frac must be in [0, 1), got {self.itl_headroom_frac!r}",
         )
-        _finite_nonneg("startup_s", self.startup_s)
-        _need(
+        finite_nonneg("startup_s", self.startup_s)
+        need(
             math.isfinite(self.traffic_window_s) and self.traffic_window_s > 0,
             f"traffic_window_s must be > 0, got {self.traffic_window_s!r}",
         )
-        _need(
+        need(
             self.scale_down_window_startups is None
             or (math.isfinite(self.scale_down_window_startups) and self.scale_down_window_startups >= 0),
             f"scale_down_window_startups must be >= 0, got {self.scale_down_window_startups!r}",
         )
-        _need(
+        need(
             self.hold_across_gaps_max_s is None
             or (math.isfinite(self.hold_across_gaps_max_s) and self.hold_across_gaps_max_s >= 0),
             f"hold_across_gaps_max_s must be >= 0, got {self.hold_across_gaps_max_s!r}",
         )
-        _need(
+        need(
             self.rebuy_min_fall_frac is None or 0 <= self.rebuy_min_fall_frac < 1,
             f"rebuy_min_fall_frac must be in [0, 1), got {self.rebuy_min_fall_frac!r}",
         )
-        _need(
+        need(
             self.in_flight_raise_rate_growth_frac is None
             or (math.isfinite(self.in_flight_raise_rate_growth_frac) and self.in_flight_raise_rate_growth_frac > 0),
             f"in_flight_raise_rate_growth_frac must be > 0, got {self.in_flight_raise_rate_growth_frac!r}",
         )
-        _need(
+        need(
             self.default_max_num_batched_tokens >= 1,
             f"default_max_num_batched_tokens must be >= 1, got {self.default_max_num_batched_tokens!r}",
         )
-        _need(
+        need(
             math.isfinite(self.prompt_spread_window_s) and self.prompt_spread_window_s >= 0,
             f"prompt_spread_window_s must be >= 0, got {self.prompt_spread_window_s!r}",
         )
         a = self.actuator_bounds
-        _need(
+        need(
             a is None or (a.min_replicas <= self.max_replicas and self.min_replicas <= a.max_replicas),
             f"bounds [{self.min_replicas}, {self.max_replicas}] do not intersect the actuator's"
             f" [{a.min_replicas if a else 0}, {a.max_replicas if a else 0}]",
@@ -422,7 +344,7 @@ class CoreConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_total_gpus: int | None = None  # GPU budget over every role; None = unlimited
 
     def __post_init__(self) -> None:
-        _need(
+        need(
             self.max_total_gpus is None or self.max_total_gpus >= 0,
             f"max_total_gpus must be >= 0, got {self.max_total_gpus!r}",
         )
