@@ -165,35 +165,57 @@ class TrafficWindows:
         with self._lock:
             return tuple(self._services)
 
-    def merged(self, service: str, now: float) -> tuple[tuple[Merged, Merged, Merged, Merged], float] | None:
+    def _read_window_s(self, window_s: float | None) -> float:
+        if window_s is None:
+            return self.window_s
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        return min(window_s, self.window_s)
+
+    def merged(
+        self, service: str, now: float, *, window_s: float | None = None
+    ) -> tuple[tuple[Merged, Merged, Merged, Merged], float] | None:
         """The window's merged histograms (arrivals, completions, ttft_ms, itl_ms) and its span in seconds, or
-        None for a service that never sent the extension. Evicts slots that left the window."""
+        None for a service that never sent the extension. ``window_s``: read a shorter window than the one kept
+        (a role that asks for a shorter one; never longer than what is kept). Evicts slots that left the kept
+        window."""
+        read_s = self._read_window_s(window_s)
         with self._lock:
             state = self._services.get(service)
             if state is None:
                 return None
-            start = now - self.window_s
             slots = state.slots
-            while slots and slots[0].second + 1 <= start:
+            while slots and slots[0].second + 1 <= now - self.window_s:
                 slots.popleft()
+            start = now - read_s
             out = (Merged(), Merged(), Merged(), Merged())
+            oldest: float | None = None
             for slot in slots:
-                if slot.second > now:
+                if slot.second > now or slot.second + 1 <= start:
                     continue
+                if oldest is None:
+                    oldest = float(slot.second)
                 for acc, hist in zip(out, slot.hists, strict=True):
                     if hist.count:
                         acc.merge(hist)
-            # the slots kept cover from the start of the oldest one (up to a second before the window's start)
-            covered_from = min(start, float(slots[0].second)) if slots else start
+            # the slots read cover from the start of the oldest one (up to a second before the window's start)
+            covered_from = min(start, oldest) if oldest is not None else start
             span = max(now - max(state.first_s, covered_from), 0.0)
             return out, span
 
     def traffic(
-        self, service: str, now: float, *, ttft_target_ms: float | None = None, itl_target_ms: float | None = None
+        self,
+        service: str,
+        now: float,
+        *,
+        ttft_target_ms: float | None = None,
+        itl_target_ms: float | None = None,
+        window_s: float | None = None,
     ) -> Traffic | None:
         """The window ending at ``now`` as core :class:`Traffic`; None for a service that never sent the
-        extension (unknown, not zero). Attainment fields are set only when their target is given."""
-        got = self.merged(service, now)
+        extension (unknown, not zero). Attainment fields are set only when their target is given; ``window_s``
+        as in :meth:`merged`."""
+        got = self.merged(service, now, window_s=window_s)
         if got is None:
             return None
         (arrivals, completions, ttft, itl), span = got
@@ -246,9 +268,11 @@ def traffic_to_builtins(traffic: Traffic) -> dict[str, object]:
 def role_traffic(
     windows: TrafficWindows, services: Mapping[Role, str], now: float, config: CoreConfig | None = None
 ) -> dict[Role, Traffic]:
-    """``Observation.traffic`` from the FPM extension: the window of each role's service, attainment against
-    the role's SLA targets in ``config`` (none without it). A role whose service never sent the extension is
-    left out (unknown, not zero). The service and the replay's "ours" both call this."""
+    """``Observation.traffic`` from the FPM extension: the window of each role's service, over the role's own
+    ``traffic_window_s`` in ``config`` (the windows keep the longest any role asks for), attainment against the
+    role's SLA targets in ``config`` (none without it; without a config, the windows' own span). A role whose
+    service never sent the extension is left out (unknown, not zero). The service and the replay's "ours" both
+    call this."""
     out: dict[Role, Traffic] = {}
     for role, service in services.items():
         role_config = config.roles.get(role) if config is not None else None
@@ -258,6 +282,7 @@ def role_traffic(
             now,
             ttft_target_ms=None if sla is None else sla.ttft_ms,
             itl_target_ms=None if sla is None else sla.itl_ms,
+            window_s=None if role_config is None else role_config.traffic_window_s,
         )
         if got is not None:
             out[role] = got

@@ -217,7 +217,8 @@ class DynamoRulesPolicy:
 class OursPolicy:
     """The planner's decision core on real FPM (see module docstring). ``pass_traffic`` hands the core the
     traffic the service takes: from the FPM traffic extension of the samples stored, per role's service, over
-    ``traffic_window_s`` (:func:`planner.ingest.traffic.role_traffic`), not from the router."""
+    each role's ``traffic_window_s`` (:func:`planner.ingest.traffic.role_traffic`), not from the router; the
+    ``traffic_window_s`` argument sets it for every role."""
 
     def __init__(
         self,
@@ -230,8 +231,12 @@ class OursPolicy:
         traffic_window_s: float | None = None,
     ) -> None:
         self.name = "ours"
-        window_s = config.traffic_window_s if traffic_window_s is None else traffic_window_s
-        self.traffic = TrafficWindows(window_s=window_s)
+        if traffic_window_s is not None:  # every role reads (and the core counts) the window asked for
+            roles = {
+                r: msgspec.structs.replace(rc, traffic_window_s=traffic_window_s) for r, rc in config.roles.items()
+            }
+            config = msgspec.structs.replace(config, roles=roles)
+        self.traffic = TrafficWindows(window_s=config.traffic_window_s)
         self.tick_s = tick_s
         self.config = config
         self.store = FleetStore(ttl_s=ttl_s)

@@ -152,3 +152,37 @@ def test_the_store_feeds_only_stored_step_samples_under_their_workers_service() 
     got = windows.traffic("decode-svc", 2.0)
     assert windows.services() == ("decode-svc",)
     assert got is not None and got.requests_in_window == 2 and got.isl_tokens == 150.0
+
+
+def test_a_shorter_read_window_counts_only_its_seconds_and_never_more_than_is_kept() -> None:
+    windows = TrafficWindows(window_s=20.0)
+    for second in range(30):
+        windows.add("agg", _step(arrivals=[100] * (10 if second >= 25 else 2)), second + 0.5)
+    now = 30.0
+    kept = windows.traffic("agg", now)
+    short = windows.traffic("agg", now, window_s=5.0)
+    longer = windows.traffic("agg", now, window_s=600.0)
+    assert kept is not None and short is not None and longer is not None
+    assert kept.window_s == 20.0 and kept.requests_in_window == 15 * 2 + 5 * 10
+    assert short.window_s == 5.0 and short.requests_in_window == 50
+    assert short.request_rate_per_s == pytest.approx(10.0)
+    assert longer == kept  # a window longer than the one kept reads what is kept
+    with pytest.raises(ValueError, match="window_s"):
+        windows.traffic("agg", now, window_s=0.0)
+
+
+def test_role_traffic_reads_each_role_over_its_own_window() -> None:
+    """A role's traffic_window_s is honoured even when another role keeps the windows longer (before, the
+    windows' longest span was read for every role, so lowering one role's window did nothing)."""
+    config = CoreConfig(
+        roles={Role.PREFILL: RoleConfig(traffic_window_s=5.0), Role.DECODE: RoleConfig(traffic_window_s=20.0)}
+    )
+    windows = TrafficWindows(window_s=config.traffic_window_s)
+    assert windows.window_s == 20.0
+    for second in range(30):
+        step = _step(arrivals=[100] * (10 if second >= 25 else 2))
+        windows.add("svc-prefill", step, second + 0.5)
+        windows.add("svc-decode", step, second + 0.5)
+    got = role_traffic(windows, {Role.PREFILL: "svc-prefill", Role.DECODE: "svc-decode"}, 30.0, config)
+    assert got[Role.PREFILL].window_s == 5.0 and got[Role.PREFILL].request_rate_per_s == pytest.approx(10.0)
+    assert got[Role.DECODE].window_s == 20.0 and got[Role.DECODE].request_rate_per_s == pytest.approx(4.0)
