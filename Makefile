@@ -2,7 +2,7 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint demo bench clean mutate mutate-sample
+.PHONY: setup test test-fast stress lint demo bench clean mutate mutate-sample
 
 # Creates .venv and installs the project, its test tools and the CPU build of vLLM (pinned).
 setup:
@@ -32,6 +32,12 @@ test:
 # Everything except the real-engine tests.
 test-fast:
 	$(BIN)/python -m pytest -m "not vllm"
+
+# The property tests (Hypothesis) with many more examples: HYPOTHESIS_PROFILE=stress (tests/hypothesis_profiles.py,
+# 1500 per property). A periodic run, not part of `make test` (whose default profile is unchanged); a failure it
+# finds is saved in .hypothesis/ and replayed by the next ordinary run. See docs/testing.md.
+stress:
+	HYPOTHESIS_PROFILE=stress FPM_NO_SKIPS=1 nice -n 10 $(BIN)/python -m pytest tests -m "hypothesis and not vllm" --timeout 3600
 
 # Mutation testing (mutmut) of planner/core, the ingest store, worker_shim/fpm.py and perf_model, on a scratch
 # copy of HEAD; writes docs/mutation-results.{md,json}. Slow (tens of minutes on two shared cores): not in `make test`.

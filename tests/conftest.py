@@ -7,6 +7,10 @@ import os
 
 import pytest
 
+from tests.hypothesis_profiles import load_profile
+
+load_profile()  # HYPOTHESIS_PROFILE=stress: `make stress` (docs/testing.md); unset: Hypothesis's default
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("FPM_NO_SKIPS") != "1" or exitstatus != 0:

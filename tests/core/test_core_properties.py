@@ -13,6 +13,7 @@ from planner.core import Action, CoreConfig, CoreState, Decision, RoleConfig, st
 from planner.core.config import hpa_scale_down
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load
+from tests.hypothesis_profiles import examples
 
 worker_behaviour = st.sampled_from(["ok", "ok", "ok", "silent", "partial", "unsynced"])
 tick = st.fixed_dictionaries(
@@ -44,7 +45,7 @@ def floats(value: object) -> list[float]:
     return []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     ticks=st.lists(tick, min_size=1, max_size=25),
     role=st.sampled_from(list(Role)),

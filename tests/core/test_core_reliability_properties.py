@@ -31,6 +31,7 @@ from planner.core import (
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load
 from tests.core.test_core_properties import floats
+from tests.hypothesis_profiles import examples, scaled_timeout_s
 
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 TIMER = ProfileStepTimer.from_dir(H200_PROFILE)
@@ -62,7 +63,7 @@ tick = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     ticks=st.lists(tick, min_size=1, max_size=8),
     role=st.sampled_from(list(Role)),
@@ -71,7 +72,7 @@ tick = st.fixed_dictionaries(
     actuator_max=st.one_of(st.none(), st.integers(3, 12)),
     workers=st.integers(0, 4),
 )
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(scaled_timeout_s(300, 80))
 def test_the_core_answers_within_bounds_and_never_lowers_a_blind_fleet(
     ticks: list[dict[str, object]],
     role: Role,
