@@ -91,6 +91,7 @@ class Reason(enum.StrEnum):
     # forecast
     FORECAST_FLOOR = "forecast_floor"
     FORECAST_TREND_DAMPED = "forecast_trend_damped"
+    FORECAST_WITHIN_MODEL_CAPACITY = "forecast_within_model_capacity"
     FORECAST_BELOW_LOAD = "forecast_below_load"
     FORECAST_NO_DATA = "forecast_no_data"
     # bounds

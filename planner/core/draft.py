@@ -112,6 +112,38 @@ def _recommend(
     return recommend_threshold(role, current, recon, load, rc.threshold), extra
 
 
+def _floor_within_model(
+    role: Role,
+    rc: RoleConfig,
+    current: int,
+    recon: Reconciled,
+    load: RoleLoad,
+    traffic: Traffic | None,
+    predictor: PerfPredictor | None,
+    rec: Recommendation,
+    value: int,
+    predicted_rate: float,
+    corrections: tuple[float, float],
+    startup_s: float,
+    settled: bool,
+    prompt_cv2: float,
+) -> int | None:
+    """The count the model (with the closed loop's correction) asks at the forecast rate, for a prefill-only or
+    decode-only role whose load-set count is at least two; None where the derived floor stands (see
+    docs/decision_core.md, "The floor within the model's capacity")."""
+    if role not in (Role.PREFILL, Role.DECODE) or value < 2 or traffic is None or rec.mode != Mode.SLA:
+        return None
+    if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
+        return None
+    at_forecast = msgspec.structs.replace(traffic, request_rate_per_s=predicted_rate)
+    ask, _ = _recommend(
+        role, rc, current, recon, load, at_forecast, predictor, corrections, startup_s, settled, prompt_cv2
+    )
+    if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
+        return None
+    return ask.replicas
+
+
 def draft_service(
     role: Role,
     service: str,
@@ -199,8 +231,10 @@ def draft_service(
         startup_s=startup_s,
         aggregated=role is Role.AGG,
     )
+    feedback_corr = (0.0, 0.0)
     if rec.mode == Mode.SLA and feedback.reason is not None and not invalid:
         corrections = (feedback.ttft_frac, feedback.itl_frac)  # a relaxation scaled to the requests now
+        feedback_corr = corrections
         if corrections != (0.0, 0.0):
             corrected = _recommend(
                 role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, prompt_cv2
@@ -269,12 +303,45 @@ def draft_service(
                     Clamped(replicas=floor, reason=Reason.FORECAST_TREND_DAMPED, detail=f"{detail}; {damped_detail}"),
                 )
             elif floor > value:
-                value = add_stage(
-                    stages,
-                    reasons,
-                    Stage.FORECAST,
-                    Clamped(replicas=floor, reason=Reason.FORECAST_FLOOR, detail=detail),
+                capped = (
+                    None
+                    if held
+                    else _floor_within_model(
+                        role,
+                        rc,
+                        current,
+                        recon,
+                        load,
+                        traffic,
+                        predictor,
+                        rec,
+                        value,
+                        predicted_rate,
+                        feedback_corr,
+                        startup_s,
+                        settled,
+                        prompt_cv2,
+                    )
                 )
+                if capped is not None and capped < floor:
+                    value = add_stage(
+                        stages,
+                        reasons,
+                        Stage.FORECAST,
+                        Clamped(
+                            replicas=max(capped, value),
+                            reason=Reason.FORECAST_WITHIN_MODEL_CAPACITY,
+                            detail=f"{detail}; the model meets the SLA at {predicted_rate:.2f} req/s with"
+                            f" {capped} replicas -> floor {max(capped, value)}",
+                        ),
+                    )
+                else:
+                    value = add_stage(
+                        stages,
+                        reasons,
+                        Stage.FORECAST,
+                        Clamped(replicas=floor, reason=Reason.FORECAST_FLOOR, detail=detail),
+                    )
             else:
                 value = add_stage(
                     stages,
