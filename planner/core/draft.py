@@ -17,7 +17,14 @@ from planner.core.clamp import Clamped, apply_bounds, rate_limit, stabilize
 from planner.core.config import CoreConfig, ForecastMethod, RoleConfig
 from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
-from planner.core.forecast import ForecastState, damped_floor, derived_capacity, forecast_rate, update_forecast
+from planner.core.forecast import (
+    ForecastState,
+    damped_floor,
+    derived_capacity,
+    forecast_rate,
+    noise_floor,
+    update_forecast,
+)
 from planner.core.observation import Observation, RoleLoad, Traffic
 from planner.core.prompt_spread import service_cv2, update_log_var
 from planner.core.recommend import recommend_sla
@@ -293,8 +300,21 @@ def draft_service(
             need = predicted_rate / capacity if capacity and predicted_rate > 0 else 0.0
             floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
             detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s -> floor {floor}"
-            damped = damped_floor(fstate, fc, floor, value, capacity)
-            if damped is not None:
+            noise = noise_floor(fstate, fc, floor, value, capacity, rc.traffic_window_s)
+            damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None else None
+            if noise is not None:
+                floor, noise_detail = noise
+                value = add_stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(
+                        replicas=max(floor, value),
+                        reason=Reason.FORECAST_TREND_WITHIN_NOISE,
+                        detail=f"{detail}; {noise_detail}",
+                    ),
+                )
+            elif damped is not None:
                 floor, damped_detail = damped
                 value = add_stage(
                     stages,

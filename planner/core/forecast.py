@@ -20,6 +20,8 @@ __all__ = [
     "damped_forecast_rate",
     "derived_capacity",
     "forecast_rate",
+    "noise_floor",
+    "rise_beyond_noise",
     "trend_gain",
     "update_forecast",
 ]
@@ -103,6 +105,58 @@ def trend_gain(state: ForecastState) -> float:
     if state.rise_predicted <= 0:
         return 1.0
     return min(max(state.rise_realized / state.rise_predicted, 0.0), 1.0)
+
+
+RISE_SIGMAS = 3.0  # a rise must exceed this many standard deviations of two windows' Poisson request counts
+
+
+def rise_beyond_noise(state: ForecastState, span_s: float, window_s: float, sigmas: float = RISE_SIGMAS) -> bool:
+    """Whether the latest rate is above the rate ``span_s`` earlier (the latest history entry at least that old,
+    else the oldest one at least ``window_s`` old) by more than ``sigmas`` standard deviations of the two
+    windows' Poisson request counts over ``window_s``. Without such an entry: True (nothing says it is noise)."""
+    if not state.history:
+        return True
+    now, rate = state.history[-1]
+    past: float | None = None
+    for at, value in state.history[:-1]:
+        if at <= now - span_s:
+            past = value
+        elif past is None and at <= now - window_s:
+            past = value
+            break
+    if past is None:
+        return True
+    rise = (rate - past) * window_s
+    return rise > sigmas * math.sqrt(max((rate + past) * window_s, 1.0))
+
+
+def noise_floor(
+    state: ForecastState,
+    config: ForecastConfig,
+    floor: int,
+    load_replicas: int,
+    capacity: float | None,
+    window_s: float,
+) -> tuple[int, str] | None:
+    """The floor at Holt's level, without its trend, when the trend raises the floor above a load of two or more
+    replicas while the rate has not risen over the last ``horizon_s`` beyond the counting noise of its traffic
+    windows (:func:`rise_beyond_noise`); None otherwise. A trend fitted to noise is extrapolated a start-up ahead
+    as a rise, and the scale-down window then holds the replica it asked for (a steady rate's +1 for good). A
+    single load replica keeps it: it is that service's only spare against what the rate does not show (longer
+    outputs, a burst), and one replica is the floor's granularity there."""
+    if config.method != ForecastMethod.HOLT or load_replicas < 2 or floor <= load_replicas or not capacity:
+        return None
+    if state.last_at is None or rise_beyond_noise(state, config.horizon_s, window_s):
+        return None
+    level = max(state.holt_level, 0.0)
+    need = level / capacity
+    level_floor = math.ceil(need - 1e-9) if math.isfinite(need) else floor
+    if level_floor >= floor:
+        return None
+    return level_floor, (
+        f"the rate rose no more than {RISE_SIGMAS:g} sd of its windows' request counts over the last"
+        f" {config.horizon_s:g} s: the trend is noise -> level {level:.2f} req/s, floor {level_floor}"
+    )
 
 
 def at_history_high(state: ForecastState) -> bool:
