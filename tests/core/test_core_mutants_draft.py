@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.core import CoreConfig, CoreState, Reason, Stage, Traffic, step
+from planner.core import CoreConfig, CoreState, Reason, RoleBounds, Stage, Traffic, step
 from planner.core.config import ForecastConfig, ForecastMethod
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load, hpa_role
@@ -81,3 +81,46 @@ def test_requests_arriving_at_a_fleet_with_no_load_give_no_capacity_to_size_a_fl
         "no per-replica capacity: set forecast.replica_capacity_rps",
     )
     assert d.inputs.forecast_rate_per_s == RATE_RPS
+
+
+def test_a_damped_floor_says_what_it_forecast_and_why_it_asks_less() -> None:
+    # five bursts to 100 req/s that stopped after 10 s, then a ramp to 70: Holt's trend one start-up ahead is
+    # scaled by the share of its predicted rises that came (forecast_trend_damped), and the stage says both
+    rates: list[float] = []
+    for peak in [100.0] * 5 + [70.0]:
+        rates += [10.0] * 12 + [10.0 + (peak - 10.0) * (k + 1) / 4 for k in range(4)] + [peak] * 2
+    rates = rates[:-2]
+    fleet = Fleet()
+    fleet.add_many(2, Role.DECODE)
+    fleet.deploy("decode", 2)
+    forecast = ForecastConfig(method=ForecastMethod.HOLT, horizon_s=60.0, history_s=600.0, replica_capacity_rps=10.0)
+    config = CoreConfig(roles={Role.DECODE: hpa_role(forecast=forecast)})
+    state = CoreState()
+    stage = None
+    for i, rate in enumerate(rates):
+        fleet.publish_all(5.0 * i, Load(decode=300))
+        observation = fleet.observe(5.0 * i, {Role.DECODE: Traffic(request_rate_per_s=rate)})
+        state, (d,) = step(state, observation, 5.0 * i, config)
+        stage = d.stage(Stage.FORECAST)
+    assert stage is not None and stage.detail is not None
+    assert stage.reason == Reason.FORECAST_TREND_DAMPED
+    forecast_part, damped_part = stage.detail.split("; ")
+    assert forecast_part.startswith("forecast ") and " req/s in 60 s -> floor " in forecast_part
+    assert damped_part.startswith("trend gain ") and damped_part.endswith(f"-> floor {stage.replicas}")
+
+
+def test_the_actuators_bounds_are_enforced_last_whatever_held_the_count_above_them() -> None:
+    # 6 replicas deployed; the actuator now allows at most 4. The safety rule holds a scale-down until coverage has
+    # been complete for a window, but the enforced bounds (the actuator's included) take effect now.
+    fleet = Fleet()
+    fleet.add_many(6, Role.DECODE)
+    fleet.deploy("decode", 6)
+    config = CoreConfig(roles={Role.DECODE: hpa_role()}).with_actuator_bounds(
+        {Role.DECODE: RoleBounds(min_replicas=1, max_replicas=4)}
+    )
+    fleet.publish_all(0.0, Load(decode=300))
+    _, (d,) = step(CoreState(), fleet.observe(0.0), 0.0, config)
+    enforced = d.stage(Stage.BOUNDS_ENFORCED)
+    assert enforced is not None
+    assert (enforced.replicas, enforced.reason) == (4, Reason.CAPPED_BY_ACTUATOR_BOUNDS)
+    assert d.final_replicas == 4
