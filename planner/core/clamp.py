@@ -128,24 +128,30 @@ def stabilize(
     up_window_s: float,
     down_window_s: float,
     gap_hold: tuple[float, int] | None = None,
+    held_recommendations: Sequence[tuple[float, int]] | None = None,
 ) -> Clamped:
     """HPA stabilization over ``recommendations`` (which include this tick's): a scale-down goes no lower than
     the highest recommendation of the last ``down_window_s``; a scale-up no higher than the lowest of the last
     ``up_window_s``. Never past the current count. ``gap_hold`` ``(window_s, count)``
     (:func:`planner.core.startup.gap_hold`): a scale-down also goes no lower than the highest recommendation of
-    the last ``window_s``, up to ``count`` (reason ``scale_down_held_across_gaps`` when that binds)."""
+    the last ``window_s``, up to ``count`` (reason ``scale_down_held_across_gaps`` when that binds);
+    ``held_recommendations``, when given, is the history that hold looks back over instead (the core passes the
+    recommendations with a forecast floor's trend checked against what came,
+    :func:`planner.core.forecast.checked_floor`)."""
     if value < current:
         highest = max((r for at, r in recommendations if at > now - down_window_s), default=value)
         floor = min(max(value, highest), current)
         if gap_hold is not None:
             window_s, count = gap_hold
-            held_highest = max((r for at, r in recommendations if at > now - window_s), default=value)
+            history = recommendations if held_recommendations is None else held_recommendations
+            held_highest = max((r for at, r in history if at > now - window_s), default=value)
             held = min(held_highest, count, current)
             if held > floor:
+                checked = "" if held_recommendations is None else " (forecast trends checked against what came)"
                 return Clamped(
                     replicas=held,
                     reason=Reason.SCALE_DOWN_HELD_ACROSS_GAPS,
-                    detail=f"highest recommendation in the last {window_s:g} s is {held_highest}, held up to"
+                    detail=f"highest recommendation{checked} in the last {window_s:g} s is {held_highest}, held up to"
                     f" {count}, the most the traffic bought back in the last 30 minutes",
                 )
         if floor > value:

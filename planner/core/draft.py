@@ -19,6 +19,7 @@ from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
 from planner.core.forecast import (
     ForecastState,
+    checked_floor,
     damped_floor,
     derived_capacity,
     forecast_rate,
@@ -255,6 +256,7 @@ def draft_service(
             Clamped(replicas=value, reason=feedback.reason, detail=f"{feedback.detail} -> {value} replicas"),
         )
 
+    held_value: int | None = None  # an undamped floor with its trend checked: what the hold across gaps remembers
     # forecast floor
     fstate: ForecastState = sstate.forecast
     predicted_rate: float | None = None
@@ -323,6 +325,7 @@ def draft_service(
                     Clamped(replicas=floor, reason=Reason.FORECAST_TREND_DAMPED, detail=f"{detail}; {damped_detail}"),
                 )
             elif floor > value:
+                held_value = checked_floor(fstate, fc, floor, value, capacity)
                 capped = (
                     None
                     if held
@@ -379,6 +382,11 @@ def draft_service(
     hold = gap_hold(rc, sstate, now)
     keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s, hold[0] if hold is not None else 0.0)
     recommendations = (*prune(sstate.recommendations, now, keep_recs_s), (now, value))
+    if held_value is None or held_value >= value:
+        checked = value
+    else:
+        checked = apply_bounds(held_value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds).replicas
+    checked_recommendations = (*prune(sstate.checked_recommendations, now, keep_recs_s), (now, checked))
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
     events = sstate.scale_events
     if sstate.pending_scale is not None:
@@ -403,6 +411,7 @@ def draft_service(
             rc.scale_up.stabilization_window_s,
             down_window_s,
             gap_hold=hold,
+            held_recommendations=checked_recommendations,
         ),
     )
 
@@ -441,6 +450,7 @@ def draft_service(
 
     new_state = ServiceState(
         recommendations=recommendations,
+        checked_recommendations=checked_recommendations,
         scale_events=events,
         coverage_complete_since=since,
         in_flight_since=in_flight_since,

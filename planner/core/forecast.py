@@ -16,6 +16,7 @@ from planner.core.config import ForecastConfig, ForecastMethod
 __all__ = [
     "ForecastState",
     "at_history_high",
+    "checked_floor",
     "damped_floor",
     "damped_forecast_rate",
     "derived_capacity",
@@ -173,6 +174,21 @@ def damped_forecast_rate(state: ForecastState, config: ForecastConfig) -> float 
         return forecast_rate(state, config)
     value = state.holt_level + trend_gain(state) * state.holt_trend_per_s * config.horizon_s
     return max(0.0, value) if math.isfinite(value) else None
+
+
+def checked_floor(
+    state: ForecastState, config: ForecastConfig, floor: int, load_replicas: int, capacity: float | None
+) -> int:
+    """The floor with Holt's trend scaled by :func:`trend_gain` whether or not the rate is at its history's high,
+    never below the load's count plus one nor above ``floor``: what a hold after the burst remembers of it."""
+    if floor <= load_replicas + 1 or not capacity:
+        return floor
+    rate = damped_forecast_rate(state, config)
+    if rate is None:
+        return floor
+    need = rate / capacity
+    checked = max(load_replicas + 1, math.ceil(need - 1e-9) if math.isfinite(need) else floor)
+    return min(checked, floor)
 
 
 def damped_floor(

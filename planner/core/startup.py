@@ -101,16 +101,18 @@ def traffic_fell(rc: RoleConfig, lowest_rate_per_s: float | None, rate_per_s: fl
 def _renewed(
     state: ServiceState, rc: RoleConfig, now: float, rate: float | None
 ) -> tuple[tuple[float, int, float | None], ...]:
-    """The re-buys still remembered, each renewed (remembered from now) when the traffic fell since and now needs
-    its count again (this tick's recommendation, after bounds, reaches it): a hold that kept the capacity through
-    the gap avoided the re-buy that would have renewed it. Else each keeps the lowest rate seen since."""
-    rec = state.recommendations[-1][1] if state.recommendations and state.recommendations[-1][0] == now else None
+    """The re-buys still remembered, each renewed (remembered from now, its count kept) when the traffic fell since
+    and came back, whatever count the comeback needs: a hold that kept the capacity through the gap avoided the
+    re-buy that would have renewed it, and a smaller comeback still says the traffic is bursty (what is held is
+    the last ``hold_across_gaps_max_s``'s highest load count, up to the count). Else each keeps the lowest rate
+    seen since."""
+    ticked = bool(state.recommendations) and state.recommendations[-1][0] == now
     counts: list[tuple[float, int, float | None]] = []
     for at, count, low in state.rebuy_counts:
         if at <= now - _GAP_MEMORY_S:
             continue
         fell = rc.rebuy_min_fall_frac is not None and low is not None and rate is not None
-        if fell and rec is not None and rec >= count and traffic_fell(rc, low, rate):
+        if fell and ticked and traffic_fell(rc, low, rate):
             counts.append((now, count, rate))
         else:
             counts.append((at, count, _lowest(low, rate)))

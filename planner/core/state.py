@@ -19,6 +19,9 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
 
     # (at, recommendation after bounds): what the stabilization windows look back over.
     recommendations: tuple[tuple[float, int], ...] = ()
+    # (at, the same recommendation with a forecast floor's trend scaled by its checked gain even at a new high):
+    # what the hold across idle gaps looks back over.
+    checked_recommendations: tuple[tuple[float, int], ...] = ()
     # (at, replica change): scale actions the deployment took, what the rate-limit periods count.
     scale_events: tuple[tuple[float, int], ...] = ()
     # (at, from, to) of the last decision that asked for a change; it becomes a scale event once the deployment

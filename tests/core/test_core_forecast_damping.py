@@ -4,8 +4,17 @@ the floor asks more than one replica above the load (reason ``forecast_trend_dam
 
 from __future__ import annotations
 
+import math
+
 from planner.core import CoreConfig, CoreState, ForecastConfig, ForecastMethod, Reason, Stage, Traffic, step
-from planner.core.forecast import ForecastState, damped_floor, trend_gain, update_forecast
+from planner.core.forecast import (
+    ForecastState,
+    checked_floor,
+    damped_floor,
+    forecast_rate,
+    trend_gain,
+    update_forecast,
+)
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load, hpa_role
 
@@ -84,3 +93,40 @@ def test_a_burst_below_the_history_high_gets_a_damped_floor() -> None:
     floor, reason, load = _run(rates)
     assert reason == Reason.FORECAST_TREND_DAMPED
     assert load == 2 and load + 1 <= floor < undamped - 1
+
+
+def test_the_checked_floor_scales_the_trend_also_at_a_new_high() -> None:
+    """What the hold across gaps remembers of a floor: at a new high the live floor keeps the whole trend, the
+    checked one scales it by what came of the rises before (never below the load + 1, never above the floor)."""
+    high = feed(bursts([100.0] * 5 + [160.0])[:-2])
+    assert damped_floor(high, CONFIG, 40, 7, 10.0) is None  # at the history's high: the live floor is whole
+    checked = checked_floor(high, CONFIG, 40, 7, 10.0)
+    assert 8 <= checked < 40
+    assert checked_floor(high, CONFIG, 8, 7, 10.0) == 8  # one replica above the load: left as it is
+    trusted = feed([10.0, 20.0, 30.0])  # no prediction fell due yet: the trend is trusted
+    rate = forecast_rate(trusted, CONFIG)
+    assert rate is not None
+    floor = math.ceil(rate / 10.0)
+    assert floor > 3 and checked_floor(trusted, CONFIG, floor, 2, 10.0) == floor
+
+
+def test_the_hold_remembers_a_new_high_floor_with_its_trend_checked() -> None:
+    """Step: at a new high the decision keeps the floor's whole trend, and the state's checked recommendations
+    (what the hold across gaps looks back over) keep the checked floor, lower."""
+    fleet = Fleet()
+    fleet.add_many(2, Role.DECODE)
+    fleet.deploy("decode", 2)
+    config = CoreConfig(roles={Role.DECODE: hpa_role(forecast=CONFIG)})
+    state = CoreState()
+    decision = None
+    for i, rate in enumerate(bursts([100.0] * 5 + [160.0])[:-2]):
+        t = 5.0 * i
+        fleet.publish_all(t, Load(decode=300))
+        state, decisions = step(state, fleet.observe(t, {Role.DECODE: Traffic(request_rate_per_s=rate)}), t, config)
+        decision = decisions[0]
+    assert decision is not None
+    stage = decision.stage(Stage.FORECAST)
+    assert stage is not None and stage.reason == Reason.FORECAST_FLOOR
+    service = state.services["decode"]
+    assert service.recommendations[-1][1] == stage.replicas > 16
+    assert 2 < service.checked_recommendations[-1][1] < stage.replicas

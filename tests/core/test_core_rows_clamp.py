@@ -355,6 +355,18 @@ def test_the_hold_across_gaps_names_its_window_the_highest_recommendation_and_th
     )
 
 
+def test_the_hold_across_gaps_looks_back_over_the_checked_recommendations_when_given() -> None:
+    # the recommendations peaked at 9 (a floor's whole trend at a new high); checked against what came, at 5
+    recs = ((100.0, 9), (390.0, 3), (400.0, 2))
+    checked = ((100.0, 5), (390.0, 3), (400.0, 2))
+    out = stabilize(2, 8, recs, 400.0, 0.0, 120.0, gap_hold=(600.0, 6), held_recommendations=checked)
+    assert (out.replicas, out.reason) == (5, Reason.SCALE_DOWN_HELD_ACROSS_GAPS)
+    assert out.detail == (
+        "highest recommendation (forecast trends checked against what came) in the last 600 s is 5, held up to 6,"
+        " the most the traffic bought back in the last 30 minutes"
+    )
+
+
 @dataclass
 class BoundsRow:
     name: str

@@ -141,16 +141,19 @@ def test_a_trim_bought_back_at_the_same_traffic_grows_the_window_but_holds_no_co
     assert fell.rebuy_counts == ((now, 4, 62.0),)
 
 
-def test_a_remembered_rebuy_is_renewed_when_the_traffic_fell_and_needs_its_count_again() -> None:
+def test_a_remembered_rebuy_is_renewed_when_the_traffic_fell_and_came_back() -> None:
     """A hold that kept the capacity through a gap avoided the re-buy that would have renewed the memory: when the
-    traffic fell since (the lowest rate since the re-buy) and the recommendation reaches the count again, the
-    re-buy is remembered from now; without a fall, or below the count, it keeps its time and the lowest rate."""
+    traffic fell since (the lowest rate since the re-buy) and came back, the re-buy is remembered from now, its
+    count kept, whether or not the comeback needs that count (a smaller burst still says the traffic is bursty;
+    the hold is the last 600 s's highest recommendation up to the count); without a fall it keeps its time and the
+    lowest rate."""
     now = 10000.0
     state = ServiceState(rebuy_counts=((now - 1000.0, 8, 5.0),), recommendations=((now, 9),))
     assert record_scale(state, RC, 9, 9, now, 120.0).rebuy_counts == ((now, 8, 120.0),)
     assert record_scale(state, RC, 9, 9, now, 6.0).rebuy_counts == ((now - 1000.0, 8, 5.0),)  # no fall: kept
     below = ServiceState(rebuy_counts=((now - 1000.0, 8, 5.0),), recommendations=((now, 7),))
-    assert record_scale(below, RC, 7, 7, now, 120.0).rebuy_counts == ((now - 1000.0, 8, 5.0),)
+    assert record_scale(below, RC, 7, 7, now, 120.0).rebuy_counts == ((now, 8, 120.0),)  # a smaller comeback
+    assert record_scale(below, RC, 7, 7, now, 6.0).rebuy_counts == ((now - 1000.0, 8, 5.0),)
     unknown = ServiceState(rebuy_counts=((now - 1000.0, 8, None),), recommendations=((now, 9),))
     assert record_scale(unknown, RC, 9, 9, now, None).rebuy_counts == unknown.rebuy_counts  # no rate: no renewal
     later = record_scale(state, RC, 9, 9, now + 801.0, 3.0)  # past 30 minutes: forgotten

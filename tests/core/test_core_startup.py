@@ -223,3 +223,26 @@ def test_a_rebuy_after_the_traffic_fell_is_held_across_the_next_gap() -> None:
     counts = {now: d.final_replicas for now, d in ticks}
     reasons = {now: d.reasons for now, d in ticks}
     assert counts[595.0] == 4 and Reason.SCALE_DOWN_HELD_ACROSS_GAPS in reasons[595.0]  # past 1.5 x the gap
+
+
+def test_a_hold_lasts_while_smaller_bursts_keep_coming_back() -> None:
+    """Bought back at 4 after the traffic fell, the fleet then sees bursts that need 2, each after a lull (the
+    request rate 60 -> 2 -> 30 req/s), for 40 minutes: every comeback renews the memory of the re-buy, so the 2
+    the last 600 s needed are held through every lull, also past 30 minutes after the re-buy (before, the memory
+    lapsed at 30 minutes because no burst needed the 4 again, and the next lull released the fleet to 1)."""
+    four, two, idle = Load(decode=4 * 204), Load(decode=2 * 204), Load(decode=1)
+    timeline: list[tuple[float, Load]] = [(0.0, four), (60.0, idle), (200.0, four)]
+    rates = {0.0: 60.0, 60.0: 2.0, 200.0: 60.0}
+    start = 260.0
+    while start < 2700.0:
+        timeline += [(start, idle), (start + 200.0, two)]
+        rates |= {start: 2.0, start + 200.0: 30.0}
+        start += 260.0
+    timeline.append((start, idle))
+    _, ticks = _drive(_fleet(4), _gap_config(), timeline, rates)
+    counts = {now: d.final_replicas for now, d in ticks}
+    assert counts[95.0] == 1 and counts[205.0] == 4  # released at the first lull and bought back
+    assert min(counts[t] for t in counts if t >= 260.0) == 2  # held at the bursts' 2 through every later lull
+    lulls = [t for t, load in timeline if t >= 2100.0 and load is idle]  # past 30 minutes after the re-buy
+    late = [d for now, d in ticks if any(t + 60.0 <= now < t + 200.0 for t in lulls)]
+    assert late and all(d.final_replicas == 2 and Reason.SCALE_DOWN_HELD_ACROSS_GAPS in d.reasons for d in late)
