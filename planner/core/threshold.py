@@ -27,7 +27,8 @@ def ceil_replicas(x: float) -> int:
 def recommend_threshold(
     role: Role, current: int, rec: Reconciled, load: RoleLoad, cfg: ThresholdConfig
 ) -> Recommendation:
-    """Threshold mode. ``current`` is the deployment's desired count (in-flight replicas included)."""
+    """Threshold mode. ``current`` is the deployment's desired count (in-flight replicas included). A load that
+    is not a number holds ``current`` (``load_invalid``) rather than reading as no load."""
     dp = max(rec.dp_per_replica, 1)
     needs: list[tuple[float, str]] = []
     prefill = role in (Role.PREFILL, Role.AGG)
@@ -56,6 +57,14 @@ def recommend_threshold(
                 load.queued_decode_requests / (cfg.queued_decode_requests_per_engine * dp),
                 "queued decode requests",
             )
+        )
+    unusable = [metric for value, metric in needs if math.isnan(value)]
+    if unusable:  # a load that is not a number is not zero: never scale on it (step holds on it before, too)
+        return Recommendation(
+            replicas=current,
+            reason=Reason.LOAD_INVALID,
+            mode=Mode.THRESHOLD,
+            detail=f"{unusable[0]} is not a number: holding {current}",
         )
     need, metric = max(needs, key=lambda item: item[0]) if needs else (0.0, "none")
     if need <= 0:
