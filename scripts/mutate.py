@@ -165,11 +165,11 @@ class ModuleScore:
         return None if scored == 0 else round(100.0 * self.killed / scored, 1)
 
 
-def _glob(patterns: tuple[str, ...]) -> list[str]:
+def _glob(patterns: tuple[str, ...], root: Path = ROOT) -> list[str]:
     found: list[str] = []
     for pattern in patterns:
-        for path in sorted(ROOT.glob(pattern)):
-            rel = path.relative_to(ROOT).as_posix()
+        for path in sorted(root.glob(pattern)):
+            rel = path.relative_to(root).as_posix()
             if path.name != "__init__.py" and rel not in found:
                 found.append(rel)
     return found
@@ -292,6 +292,9 @@ def run_group(group: Group, files: list[str], args: argparse.Namespace, mutmut: 
     )
     work = args.work / group.name
     repo = make_scratch(work, ref)
+    # the tests the scratch copy holds (from a commit: an untracked test file in the working tree is not there,
+    # and mutmut's first pass would fail on it)
+    tests = _glob(group.tests, repo)
     write_config(repo, files, tests)
     samples: dict[str, str | None] = {}
     patterns = []
