@@ -71,6 +71,7 @@ class Reason(enum.StrEnum):
     SLA_ALLOWS_FEWER = "sla_allows_fewer"
     SLA_MET = "sla_met"
     DECODE_BATCH_LIMIT = "decode_batch_limit"
+    DECODE_BATCH_OBSERVED = "decode_batch_observed"
     FORECAST_CAPACITY_BEFORE_BATCH_LIMIT = "forecast_capacity_before_batch_limit"
     FORECAST_CAPACITY_HELD_COUNT = "forecast_capacity_held_count"
     SLA_UNREACHABLE = "sla_unreachable"

@@ -27,6 +27,7 @@ from planner.core.backlog import backlog_cap, served_prefill_tokens_per_s
 from planner.core.config import SlaTargets
 from planner.core.decision import Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
+from planner.core.observed_batch import demonstrated_batch
 from planner.core.recommendation import MAX_SEARCH_REPLICAS, Recommendation
 from planner.core.reconcile import Reconciled
 from planner.core.tail import itl_miss_frac, osl_points, ttft_tail_isl
@@ -196,6 +197,14 @@ def recommend_sla(
         )
     miss_budget = max(1.0 - attainment_goal, 0.0)
 
+    # What the engines demonstrably do at the count they run (planner.core.observed_batch): the model's
+    # batch-limit refusal of that count is overridden when the observed batch stays within max_num_seqs with margin
+    # and the observed attainment meets the goal.
+    observed_batch = demonstrated_batch(
+        traffic, load, current * dp, rec.max_num_seqs, attainment_goal, min_samples, judge_ttft=check_ttft
+    )
+    shown: dict[int, float] = {}
+
     def evaluate_agg(
         n: int, step_predictor: StepPredictor, arrivals_only: bool
     ) -> tuple[bool, float | None, float | None]:
@@ -217,6 +226,9 @@ def recommend_sla(
         )
         ttft = max(agg.ttft_ms, agg.ttft_tail_ms) if ttft_isl > isl else agg.ttft_ms
         ok = ttft <= ttft_limit and agg.itl_ms <= itl_limit
+        if not ok and agg.saturated == "max_num_seqs" and n == current and observed_batch is not None:
+            shown[n] = observed_batch
+            return True, None, None
         if ok and miss_scale is not None and (n < current or tail_may_raise):
             ok = miss_scale * tail_miss(agg, engines) <= miss_budget
         return ok, ttft, agg.itl_ms
@@ -298,6 +310,9 @@ def recommend_sla(
                 # An engine runs at most max_num_seqs requests: a concurrency past it waits between tokens, which
                 # the step model at that batch does not see.
                 if rec.max_num_seqs > 0 and concurrency / engines > rec.max_num_seqs:
+                    if n == current and observed_batch is not None:
+                        shown[n] = observed_batch
+                        return True, ttft, None
                     if itl <= itl_limit:
                         batch_limited[n] = concurrency / engines
                     return False, ttft, math.inf
@@ -390,6 +405,12 @@ def recommend_sla(
         parts.append(f"queue wait x{1.0 + queue_cv2:.2f} for the prompts' spread (CV^2 {queue_cv2:.2f})")
     if n > 1 and mixed is None and check_itl and rate and osl and n - 1 not in batch_limited:
         evaluate(n - 1)
+    if n in shown:
+        reason = Reason.DECODE_BATCH_OBSERVED
+        parts.append(
+            f"the model's decode batch at {n} replicas is past max_num_seqs {rec.max_num_seqs:.0f}, but the engines"
+            f" run it at {shown[n]:.0f} per engine (with margin) and meet the goal"
+        )
     if n - 1 in batch_limited:
         # one replica fewer would meet the ITL by the step model, but its decode batch is past the engine's limit
         reason = Reason.DECODE_BATCH_LIMIT
