@@ -121,3 +121,41 @@ def test_the_demonstrated_batch_is_littles_law_on_the_window_with_a_rate_rise_ma
     assert demonstrated_batch(no_ttft, LOAD, 2, 256.0, 0.99, 20, judge_ttft=False) is not None
     no_itl = msgspec.structs.replace(SHIFTED, itl_samples_in_window=19)
     assert demonstrated_batch(no_itl, LOAD, 2, 256.0, 0.99, 20, judge_ttft=False) is None
+
+
+def test_a_decode_role_keeps_the_count_it_runs_at_on_its_observed_itl_alone() -> None:
+    """A decode-only role (no step model): 65 req/s of 182-token outputs on one engine; the model's Little's-law
+    batch (277 at its predicted ITL) is past max_num_seqs, but the engine runs 65 x 182 x 15 ms = 177, x 1.15 for
+    400 requests = 204, every ITL met (no TTFT judged on a decode role): 1 is kept (decode_batch_observed). At 2,
+    the observation says nothing of 1 engine's batch: decode_batch_limit, as before."""
+    model = PerfModel(Role.DECODE, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE))
+    traffic = Traffic(
+        request_rate_per_s=65.0,
+        isl_tokens=1180.0,
+        osl_tokens=181.6,
+        itl_ms_p50=15.0,
+        itl_attainment_frac=1.0,
+        itl_samples_in_window=300,
+        requests_in_window=400,
+    )
+    load = RoleLoad(decode_requests=150, decode_kv_tokens=150 * 1300)
+
+    def rec(current: int, observed: Traffic) -> tuple[int, str, str]:
+        r = recommend_sla(
+            Role.DECODE,
+            current,
+            reconciled(Role.DECODE, current, prefill_requests=0.0),
+            load,
+            observed,
+            model,
+            SLA,
+            0.0,
+            256,
+        )
+        return r.replicas, r.reason, r.detail
+
+    replicas, reason, detail = rec(1, traffic)
+    assert (replicas, reason) == (1, Reason.DECODE_BATCH_OBSERVED)
+    assert "the engines run it at 204 per engine (with margin) and meet the goal" in detail
+    assert rec(1, msgspec.structs.replace(traffic, itl_attainment_frac=0.9))[:2] == (2, Reason.DECODE_BATCH_LIMIT)
+    assert rec(2, traffic)[:2] == (2, Reason.DECODE_BATCH_LIMIT)
