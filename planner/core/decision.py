@@ -89,6 +89,7 @@ class Reason(enum.StrEnum):
     SLA_FEEDBACK_DECAYED = "sla_feedback_decayed"
     SLA_FEEDBACK_HELD = "sla_feedback_held"
     SLA_FEEDBACK_RELAX_BEYOND_RANGE = "sla_feedback_relax_beyond_range"
+    SLA_FEEDBACK_WINDUP = "sla_feedback_windup"
     # forecast
     FORECAST_FLOOR = "forecast_floor"
     FORECAST_TREND_DAMPED = "forecast_trend_damped"

@@ -249,6 +249,11 @@ def draft_service(
             )[0]
             value = corrected.replicas
             held = held or corrected.reason == Reason.SLA_UNREACHABLE
+        if feedback.wound and value > max(current, rec.replicas):  # planner.core.windup: hold the count it has
+            value = max(current, rec.replicas)
+            feedback = msgspec.structs.replace(
+                feedback, reason=Reason.SLA_FEEDBACK_WINDUP, detail=feedback.detail + feedback.wound_detail
+            )
         value = add_stage(
             stages,
             reasons,

@@ -49,6 +49,7 @@ import msgspec
 from planner.core.config import SlaFeedbackConfig
 from planner.core.decision import Reason
 from planner.core.observation import Traffic
+from planner.core.windup import WindupTrack, update_windup
 
 __all__ = ["FeedbackState", "FeedbackUpdate", "RelaxRange", "request_work_tokens", "update_feedback"]
 
@@ -90,6 +91,10 @@ class FeedbackState(msgspec.Struct, frozen=True, kw_only=True):
     # unknown size (then applied whole).
     ttft_relaxed_range: RelaxRange | None = None
     itl_relaxed_range: RelaxRange | None = None
+    # Each correction at its tighten bound: the attainment there and the actions settled since
+    # (planner.core.windup).
+    ttft_windup: WindupTrack = WindupTrack()
+    itl_windup: WindupTrack = WindupTrack()
 
 
 class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +105,10 @@ class FeedbackUpdate(msgspec.Struct, frozen=True, kw_only=True):
     # larger now than the range it was earned on.
     ttft_frac: float = 0.0
     itl_frac: float = 0.0
+    # A correction at its bound whose settled capacity did not raise the attainment, and none tightening: the
+    # count is held where it is (planner.core.windup); the detail says why.
+    wound: bool = False
+    wound_detail: str = ""
 
 
 def request_work_tokens(traffic: Traffic | None) -> float | None:
@@ -291,6 +300,40 @@ def update_feedback(
         spread,
         _relax_evidence(t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg),
     )
+    settled_now = not in_flight and state.in_flight_at is not None and state.in_flight_at == state.last_at
+    quiet = not in_flight and not (hold_until is not None and now < hold_until)
+    ttft_wind = update_windup(
+        state.ttft_windup,
+        at_bound=ttft >= cfg.max_tighten_frac,
+        attainment=t.ttft_attainment_frac,
+        samples=t.ttft_samples_in_window,
+        min_samples=cfg.min_samples,
+        settled_now=settled_now,
+        quiet=quiet,
+        after_settled=cfg.windup_settled_actions,
+    )
+    itl_wind = update_windup(
+        state.itl_windup,
+        at_bound=itl >= cfg.max_tighten_frac,
+        attainment=t.itl_attainment_frac,
+        samples=t.itl_samples_in_window,
+        min_samples=cfg.min_samples,
+        settled_now=settled_now,
+        quiet=quiet,
+        after_settled=cfg.windup_settled_actions,
+    )
+    wound = (ttft_wind.wound or itl_wind.wound) and "tighten" not in (ttft_how, itl_how)
+    wound_detail = ""
+    if wound:
+        wound_detail = "; wound up: " + ", ".join(
+            f"{name} at its bound, observed {attained:.2%} after {w.settled} settled action(s), not above"
+            f" {w.reference:.2%} at the bound"
+            for name, w, attained in (
+                ("TTFT", ttft_wind, t.ttft_attainment_frac),
+                ("ITL", itl_wind, t.itl_attainment_frac),
+            )
+            if w.wound and w.reference is not None and attained is not None
+        )
     new = FeedbackState(
         ttft_frac=ttft,
         itl_frac=itl,
@@ -301,6 +344,8 @@ def update_feedback(
         queued_prefill_tokens=queued_prefill_tokens,
         ttft_relaxed_range=ttft_on,
         itl_relaxed_range=itl_on,
+        ttft_windup=ttft_wind,
+        itl_windup=itl_wind,
     )
     hows = {ttft_how, itl_how} - {""}
     if not hows and ttft == 0.0 and itl == 0.0:
@@ -344,6 +389,8 @@ def update_feedback(
         detail=detail,
         ttft_frac=ttft_applied,
         itl_frac=itl_applied,
+        wound=wound,
+        wound_detail=wound_detail,
     )
 
 
