@@ -3,8 +3,11 @@ the observed attainment is not stacked on."""
 
 from __future__ import annotations
 
+import pytest
+
 from planner.core import CoreConfig, CoreState, Decision, Mode, Reason, RoleConfig, SlaTargets, Stage, Traffic
 from planner.core.config import SlaFeedbackConfig
+from planner.core.config_errors import CoreConfigError
 from planner.core.feedback import FeedbackState, FeedbackUpdate, update_feedback
 from planner.core.windup import WindupTrack, attainment_noise, update_windup
 from planner.discovery import Role
@@ -171,3 +174,19 @@ def test_the_count_is_held_once_the_correction_wound_up_on_a_rising_load() -> No
     assert Reason.SLA_FEEDBACK_WINDUP in decisions[-1].reasons
     assert "wound up: ITL at its bound, observed 90.00% after 3 settled action(s), not above 90.00%" in stage.detail
     assert stage.detail.endswith(f"at the bound -> {held[-1]} replicas")
+
+
+def test_a_negative_count_of_settled_actions_is_refused() -> None:
+    with pytest.raises(CoreConfigError, match=r"sla_feedback\.windup_settled_actions must be >= 0"):
+        SlaFeedbackConfig(windup_settled_actions=-1)
+    off = update_windup(
+        WindupTrack(reference=0.88, settled=5, wound=True),
+        at_bound=True,
+        attainment=0.88,
+        samples=500,
+        min_samples=20,
+        settled_now=True,
+        quiet=True,
+        after_settled=0,
+    )
+    assert off == WindupTrack()  # 0: never wound up
