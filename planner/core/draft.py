@@ -24,6 +24,7 @@ from planner.core.forecast import (
     derived_capacity,
     forecast_rate,
     noise_floor,
+    rise_capped_rate,
     update_forecast,
 )
 from planner.core.observation import Observation, RoleLoad, Traffic
@@ -266,11 +267,16 @@ def draft_service(
     fstate: ForecastState = sstate.forecast
     predicted_rate: float | None = None
     fc = rc.forecast
+    rise_note = ""
     if fc.method != ForecastMethod.NONE:
         rate = traffic.request_rate_per_s if traffic is not None else None
         if rate is not None:
             fstate = update_forecast(fstate, rate, now, fc)
             predicted_rate = forecast_rate(fstate, fc)
+            if predicted_rate is not None and role is not Role.AGG:  # docs/decision_core.md, "The rise capped"
+                predicted_rate, rise_note = rise_capped_rate(fstate, fc, predicted_rate)
+                if rise_note:
+                    reasons.append(Reason.FORECAST_RISE_CAPPED)
         capacity = fc.replica_capacity_rps
         if capacity is None:
             # a count raised only for max_num_seqs (decode_batch_limit) says nothing of a replica's throughput:
@@ -306,7 +312,7 @@ def draft_service(
         else:
             need = predicted_rate / capacity if capacity and predicted_rate > 0 else 0.0
             floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
-            detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s -> floor {floor}"
+            detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s{rise_note} -> floor {floor}"
             noise = noise_floor(fstate, fc, floor, value, capacity, rc.traffic_window_s)
             damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None else None
             if noise is not None:

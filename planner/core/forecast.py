@@ -23,6 +23,7 @@ __all__ = [
     "forecast_rate",
     "noise_floor",
     "rise_beyond_noise",
+    "rise_capped_rate",
     "trend_gain",
     "update_forecast",
 ]
@@ -157,6 +158,28 @@ def noise_floor(
     return level_floor, (
         f"the rate rose no more than {RISE_SIGMAS:g} sd of its windows' request counts over the last"
         f" {config.horizon_s:g} s: the trend is noise -> level {level:.2f} req/s, floor {level_floor}"
+    )
+
+
+def rise_capped_rate(state: ForecastState, config: ForecastConfig, predicted: float) -> tuple[float, str]:
+    """Holt's forecast at a new high (:func:`at_history_high`) capped at the latest rate plus its rise over the
+    last ``horizon_s`` (from the latest history entry at least that old, else the oldest): the next horizon is
+    not forecast to rise more than the last one did. At an onset Holt's trend is one tick's jump over one tick,
+    and ``horizon_s`` ahead that is a rise several times what came (a surge from idle: 175-208 req/s forecast
+    against 63). Returns the rate and a note for the detail ("" when the cap does not bind)."""
+    if config.method != ForecastMethod.HOLT or len(state.history) < 2 or not at_history_high(state):
+        return predicted, ""
+    now, rate = state.history[-1]
+    past = state.history[0][1]
+    for at, value in state.history[:-1]:
+        if at <= now - config.horizon_s:
+            past = value
+    cap = rate + max(rate - past, 0.0)
+    if predicted <= cap:
+        return predicted, ""
+    return cap, (
+        f"; at a new high, Holt's {predicted:.2f} req/s capped at the rate {rate:.2f} plus its rise"
+        f" {rate - past:.2f} over the last {config.horizon_s:g} s"
     )
 
 
