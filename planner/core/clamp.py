@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import msgspec
 
 from planner.core.config import PolicyKind, RoleBounds, ScaleRules, SelectPolicy
-from planner.core.decision import Reason
+from planner.core.decision import Reason, Stage, StageResult
 
 __all__ = ["BudgetAsk", "Clamped", "apply_bounds", "apply_gpu_budget", "rate_limit", "stabilize"]
 
@@ -218,3 +218,10 @@ def apply_gpu_budget(asks: Sequence[BudgetAsk], max_total_gpus: int | None) -> d
                 detail=f"GPU budget {max_total_gpus} allows {got} of the {ask.wanted} replicas asked",
             )
     return out
+
+
+def add_stage(stages: list[StageResult], reasons: list[Reason], stage: Stage, clamped: Clamped) -> int:
+    stages.append(StageResult(stage=stage, replicas=clamped.replicas, reason=clamped.reason, detail=clamped.detail))
+    if clamped.reason is not None:
+        reasons.append(clamped.reason)
+    return clamped.replicas

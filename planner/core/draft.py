@@ -7,29 +7,19 @@ Pure: ``now`` is an argument, no clock, no I/O. :func:`planner.core.step` drafts
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import msgspec
 
 from perf_model.api import PerfPredictor
-from planner.core.clamp import Clamped, apply_bounds, rate_limit, stabilize
-from planner.core.config import CoreConfig, ForecastMethod, RoleConfig
+from planner.core.clamp import Clamped, add_stage, apply_bounds, rate_limit, stabilize
+from planner.core.config import CoreConfig, RoleConfig
 from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
-from planner.core.forecast import (
-    ForecastState,
-    checked_floor,
-    damped_floor,
-    derived_capacity,
-    forecast_rate,
-    noise_floor,
-    rise_capped_rate,
-    update_forecast,
-)
+from planner.core.floor_stage import FloorInputs, forecast_floor
 from planner.core.observation import Observation, RoleLoad, Traffic
 from planner.core.prompt_spread import service_cv2, update_log_var
-from planner.core.recommend import recommend_sla
+from planner.core.recommend_role import recommend_role
 from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
@@ -41,10 +31,9 @@ from planner.core.startup import (
     scale_down_window_s,
 )
 from planner.core.state import ServiceState
-from planner.core.threshold import recommend_threshold
 from planner.discovery import Role, WorkerRecord
 
-__all__ = ["Draft", "add_stage", "draft_service"]
+__all__ = ["Draft", "draft_service"]
 
 
 class Draft(msgspec.Struct, kw_only=True):
@@ -71,86 +60,6 @@ def prune(entries: tuple[tuple[float, int], ...], now: float, keep_s: float) -> 
     if not entries or entries[0][0] > now - keep_s:
         return entries
     return tuple(entry for entry in entries if entry[0] > now - keep_s)
-
-
-def add_stage(stages: list[StageResult], reasons: list[Reason], stage: Stage, clamped: Clamped) -> int:
-    stages.append(StageResult(stage=stage, replicas=clamped.replicas, reason=clamped.reason, detail=clamped.detail))
-    if clamped.reason is not None:
-        reasons.append(clamped.reason)
-    return clamped.replicas
-
-
-def _recommend(
-    role: Role,
-    rc: RoleConfig,
-    current: int,
-    recon: Reconciled,
-    load: RoleLoad,
-    traffic: Traffic | None,
-    predictor: PerfPredictor | None,
-    corrections: tuple[float, float] = (0.0, 0.0),
-    startup_s: float = 0.0,
-    tail_may_raise: bool = True,
-    prompt_cv2: float = 0.0,
-) -> tuple[Recommendation, tuple[Reason, ...]]:
-    extra: tuple[Reason, ...] = ()
-    if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
-        search_max = max(rc.max_replicas, current, 1) * 4
-        return recommend_sla(
-            role,
-            current,
-            recon,
-            load,
-            traffic,
-            predictor,
-            rc.sla,
-            rc.headroom_frac,
-            search_max,
-            itl_headroom_frac=rc.itl_headroom_frac,
-            default_max_num_batched_tokens=rc.default_max_num_batched_tokens,
-            ttft_correction_frac=corrections[0],
-            itl_correction_frac=corrections[1],
-            startup_s=startup_s,
-            attainment_goal=rc.sla_feedback.attainment_goal,
-            min_samples=rc.sla_feedback.min_samples,
-            tail_may_raise=tail_may_raise,
-            prompt_cv2=prompt_cv2 if role is Role.PREFILL else 0.0,
-        ), extra
-    if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
-        extra = (Reason.PERF_MODEL_NOT_READY,)
-    return recommend_threshold(role, current, recon, load, rc.threshold), extra
-
-
-def _floor_within_model(
-    role: Role,
-    rc: RoleConfig,
-    current: int,
-    recon: Reconciled,
-    load: RoleLoad,
-    traffic: Traffic | None,
-    predictor: PerfPredictor | None,
-    rec: Recommendation,
-    value: int,
-    predicted_rate: float,
-    corrections: tuple[float, float],
-    startup_s: float,
-    settled: bool,
-    prompt_cv2: float,
-) -> int | None:
-    """The count the model (with the closed loop's correction) asks at the forecast rate, for a prefill-only or
-    decode-only role whose load-set count is at least two; None where the derived floor stands (see
-    docs/decision_core.md, "The floor within the model's capacity")."""
-    if role not in (Role.PREFILL, Role.DECODE) or value < 2 or traffic is None or rec.mode != Mode.SLA:
-        return None
-    if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
-        return None
-    at_forecast = msgspec.structs.replace(traffic, request_rate_per_s=predicted_rate)
-    ask, _ = _recommend(
-        role, rc, current, recon, load, at_forecast, predictor, corrections, startup_s, settled, prompt_cv2
-    )
-    if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
-        return None
-    return ask.replicas
 
 
 def draft_service(
@@ -206,7 +115,7 @@ def draft_service(
         )
         extra: tuple[Reason, ...] = ()
     else:
-        rec, extra = _recommend(
+        rec, extra = recommend_role(
             role,
             rc,
             current,
@@ -245,7 +154,7 @@ def draft_service(
         corrections = (feedback.ttft_frac, feedback.itl_frac)  # a relaxation scaled to the requests now
         feedback_corr = corrections
         if corrections != (0.0, 0.0):
-            corrected = _recommend(
+            corrected = recommend_role(
                 role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, prompt_cv2
             )[0]
             value = corrected.replicas
@@ -262,127 +171,29 @@ def draft_service(
             Clamped(replicas=value, reason=feedback.reason, detail=f"{feedback.detail} -> {value} replicas"),
         )
 
-    held_value: int | None = None  # an undamped floor with its trend checked: what the hold across gaps remembers
-    # forecast floor
-    fstate: ForecastState = sstate.forecast
-    predicted_rate: float | None = None
-    fc = rc.forecast
-    rise_note = ""
-    if fc.method != ForecastMethod.NONE:
-        rate = traffic.request_rate_per_s if traffic is not None else None
-        if rate is not None:
-            fstate = update_forecast(fstate, rate, now, fc)
-            predicted_rate = forecast_rate(fstate, fc)
-            if predicted_rate is not None and role is not Role.AGG:  # docs/decision_core.md, "The rise capped"
-                predicted_rate, rise_note = rise_capped_rate(fstate, fc, predicted_rate)
-                if rise_note:
-                    reasons.append(Reason.FORECAST_RISE_CAPPED)
-        capacity = fc.replica_capacity_rps
-        if capacity is None:
-            # a count raised only for max_num_seqs (decode_batch_limit) says nothing of a replica's throughput:
-            # the capacity is derived from the count the step model accepts, one fewer
-            basis = value
-            if rec.reason == Reason.DECODE_BATCH_LIMIT and value == rec.replicas and value > 1:
-                basis = value - 1
-                reasons.append(Reason.FORECAST_CAPACITY_BEFORE_BATCH_LIMIT)
-            if held and value == current:
-                # a count held at current (the SLA unreachable, or a load it cannot trust) was not set by the load:
-                # the capacity is derived from the count the hold began at, not from one the floor raised since
-                anchor = min(fstate.held_count if fstate.held_count is not None else current, current)
-                if anchor < basis:
-                    basis = anchor
-                    reasons.append(Reason.FORECAST_CAPACITY_HELD_COUNT)
-                fstate = msgspec.structs.replace(fstate, held_count=anchor)
-            elif fstate.held_count is not None:
-                fstate = msgspec.structs.replace(fstate, held_count=None)
-            fstate, capacity = derived_capacity(fstate, rate, basis, now, fc)
-        if predicted_rate is None or (capacity is None and predicted_rate > 0):
-            value = add_stage(
-                stages,
-                reasons,
-                Stage.FORECAST,
-                Clamped(
-                    replicas=value,
-                    reason=Reason.FORECAST_NO_DATA,
-                    detail="no request rate to forecast from"
-                    if predicted_rate is None
-                    else "no per-replica capacity: set forecast.replica_capacity_rps",
-                ),
-            )
-        else:
-            need = predicted_rate / capacity if capacity and predicted_rate > 0 else 0.0
-            floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
-            detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s{rise_note} -> floor {floor}"
-            noise = noise_floor(fstate, fc, floor, value, capacity, rc.traffic_window_s)
-            damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None else None
-            if noise is not None:
-                floor, noise_detail = noise
-                value = add_stage(
-                    stages,
-                    reasons,
-                    Stage.FORECAST,
-                    Clamped(
-                        replicas=max(floor, value),
-                        reason=Reason.FORECAST_TREND_WITHIN_NOISE,
-                        detail=f"{detail}; {noise_detail}",
-                    ),
-                )
-            elif damped is not None:
-                floor, damped_detail = damped
-                value = add_stage(
-                    stages,
-                    reasons,
-                    Stage.FORECAST,
-                    Clamped(replicas=floor, reason=Reason.FORECAST_TREND_DAMPED, detail=f"{detail}; {damped_detail}"),
-                )
-            elif floor > value:
-                held_value = checked_floor(fstate, fc, floor, value, capacity)
-                capped = (
-                    None
-                    if held
-                    else _floor_within_model(
-                        role,
-                        rc,
-                        current,
-                        recon,
-                        load,
-                        traffic,
-                        predictor,
-                        rec,
-                        value,
-                        predicted_rate,
-                        feedback_corr,
-                        startup_s,
-                        settled,
-                        prompt_cv2,
-                    )
-                )
-                if capped is not None and capped < floor:
-                    value = add_stage(
-                        stages,
-                        reasons,
-                        Stage.FORECAST,
-                        Clamped(
-                            replicas=max(capped, value),
-                            reason=Reason.FORECAST_WITHIN_MODEL_CAPACITY,
-                            detail=f"{detail}; the model meets the SLA at {predicted_rate:.2f} req/s with"
-                            f" {capped} replicas -> floor {max(capped, value)}",
-                        ),
-                    )
-                else:
-                    value = add_stage(
-                        stages,
-                        reasons,
-                        Stage.FORECAST,
-                        Clamped(replicas=floor, reason=Reason.FORECAST_FLOOR, detail=detail),
-                    )
-            else:
-                value = add_stage(
-                    stages,
-                    reasons,
-                    Stage.FORECAST,
-                    Clamped(replicas=value, reason=Reason.FORECAST_BELOW_LOAD, detail=detail),
-                )
+    # forecast floor (planner.core.floor_stage)
+    value, fstate, predicted_rate, held_value = forecast_floor(
+        FloorInputs(
+            role=role,
+            rc=rc,
+            current=current,
+            recon=recon,
+            load=load,
+            traffic=traffic,
+            predictor=predictor,
+            rec=rec,
+            held=held,
+            corrections=feedback_corr,
+            startup_s=startup_s,
+            settled=settled,
+            prompt_cv2=prompt_cv2,
+        ),
+        value,
+        sstate.forecast,
+        now,
+        stages,
+        reasons,
+    )
 
     wanted = value
     # bounds

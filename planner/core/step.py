@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from perf_model.api import PerfPredictor
-from planner.core.clamp import BudgetAsk, apply_gpu_budget
+from planner.core.clamp import BudgetAsk, add_stage, apply_gpu_budget
 from planner.core.config import CoreConfig
 from planner.core.decision import Action, Decision, Reason, RoleInputs, Stage, StageResult
-from planner.core.draft import Draft, add_stage, draft_service
+from planner.core.draft import Draft, draft_service
 from planner.core.observation import Observation, ObservationError
 from planner.core.reconcile import reconcile_services
 from planner.core.startup import record_scale

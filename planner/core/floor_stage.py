@@ -1,0 +1,202 @@
+"""The forecast floor stage: Holt's forecast of the request rate one horizon ahead, divided by one replica's
+capacity, raises the load's count to what the forecast rate needs (``forecast_floor``), with its checks: the rise
+capped at a new high, the trend within the counting noise or damped by what came, the floor within the model's
+capacity, the derived capacity's anchors. Pure; see docs/decision_core.md ("The forecast floor" and after)."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from perf_model.api import PerfPredictor
+from planner.core.clamp import Clamped, add_stage
+from planner.core.config import ForecastMethod, RoleConfig
+from planner.core.decision import Mode, Reason, Stage, StageResult
+from planner.core.forecast import (
+    ForecastState,
+    checked_floor,
+    damped_floor,
+    derived_capacity,
+    forecast_rate,
+    noise_floor,
+    rise_capped_rate,
+    update_forecast,
+)
+from planner.core.observation import RoleLoad, Traffic
+from planner.core.recommend_role import recommend_role
+from planner.core.recommendation import Recommendation
+from planner.core.reconcile import Reconciled
+from planner.discovery import Role
+
+__all__ = ["FloorInputs", "floor_within_model", "forecast_floor"]
+
+
+class FloorInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What the floor reads of the tick's earlier stages (recommend and the closed loop)."""
+
+    role: Role
+    rc: RoleConfig
+    current: int
+    recon: Reconciled
+    load: RoleLoad
+    traffic: Traffic | None
+    predictor: PerfPredictor | None
+    rec: Recommendation  # the recommend stage's answer to the load
+    held: bool  # a count held at current, not set by the load (SLA unreachable, a load it cannot trust)
+    corrections: tuple[float, float]  # the closed loop's TTFT / ITL corrections in force
+    startup_s: float
+    settled: bool  # no capacity still coming (the tail may raise)
+    prompt_cv2: float
+
+
+def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -> int | None:
+    """The count the model (with the closed loop's correction) asks at the forecast rate, for a prefill-only or
+    decode-only role whose load-set count is at least two; None where the derived floor stands (see
+    docs/decision_core.md, "The floor within the model's capacity")."""
+    role, traffic, rec = inputs.role, inputs.traffic, inputs.rec
+    if role not in (Role.PREFILL, Role.DECODE) or value < 2 or traffic is None or rec.mode != Mode.SLA:
+        return None
+    if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
+        return None
+    at_forecast = msgspec.structs.replace(traffic, request_rate_per_s=predicted_rate)
+    ask, _ = recommend_role(
+        role,
+        inputs.rc,
+        inputs.current,
+        inputs.recon,
+        inputs.load,
+        at_forecast,
+        inputs.predictor,
+        inputs.corrections,
+        inputs.startup_s,
+        inputs.settled,
+        inputs.prompt_cv2,
+    )
+    if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
+        return None
+    return ask.replicas
+
+
+def forecast_floor(
+    inputs: FloorInputs,
+    value: int,
+    fstate: ForecastState,
+    now: float,
+    stages: list[StageResult],
+    reasons: list[Reason],
+) -> tuple[int, ForecastState, float | None, int | None]:
+    """The forecast stage on ``value`` (the count recommend and the closed loop ask): appends its stage and reasons
+    and returns the count, the forecast's new state, the forecast rate (None: none) and what the hold across gaps
+    remembers of a floor above the load (its trend checked; None: the count itself)."""
+    role, rc, current, traffic, rec, held = (
+        inputs.role,
+        inputs.rc,
+        inputs.current,
+        inputs.traffic,
+        inputs.rec,
+        inputs.held,
+    )
+    held_value: int | None = None  # an undamped floor with its trend checked: what the hold across gaps remembers
+    # forecast floor
+    predicted_rate: float | None = None
+    fc = rc.forecast
+    rise_note = ""
+    if fc.method != ForecastMethod.NONE:
+        rate = traffic.request_rate_per_s if traffic is not None else None
+        if rate is not None:
+            fstate = update_forecast(fstate, rate, now, fc)
+            predicted_rate = forecast_rate(fstate, fc)
+            if predicted_rate is not None and role is not Role.AGG:  # docs/decision_core.md, "The rise capped"
+                predicted_rate, rise_note = rise_capped_rate(fstate, fc, predicted_rate)
+                if rise_note:
+                    reasons.append(Reason.FORECAST_RISE_CAPPED)
+        capacity = fc.replica_capacity_rps
+        if capacity is None:
+            # a count raised only for max_num_seqs (decode_batch_limit) says nothing of a replica's throughput:
+            # the capacity is derived from the count the step model accepts, one fewer
+            basis = value
+            if rec.reason == Reason.DECODE_BATCH_LIMIT and value == rec.replicas and value > 1:
+                basis = value - 1
+                reasons.append(Reason.FORECAST_CAPACITY_BEFORE_BATCH_LIMIT)
+            if held and value == current:
+                # a count held at current (the SLA unreachable, or a load it cannot trust) was not set by the load:
+                # the capacity is derived from the count the hold began at, not from one the floor raised since
+                anchor = min(fstate.held_count if fstate.held_count is not None else current, current)
+                if anchor < basis:
+                    basis = anchor
+                    reasons.append(Reason.FORECAST_CAPACITY_HELD_COUNT)
+                fstate = msgspec.structs.replace(fstate, held_count=anchor)
+            elif fstate.held_count is not None:
+                fstate = msgspec.structs.replace(fstate, held_count=None)
+            fstate, capacity = derived_capacity(fstate, rate, basis, now, fc)
+        if predicted_rate is None or (capacity is None and predicted_rate > 0):
+            value = add_stage(
+                stages,
+                reasons,
+                Stage.FORECAST,
+                Clamped(
+                    replicas=value,
+                    reason=Reason.FORECAST_NO_DATA,
+                    detail="no request rate to forecast from"
+                    if predicted_rate is None
+                    else "no per-replica capacity: set forecast.replica_capacity_rps",
+                ),
+            )
+        else:
+            need = predicted_rate / capacity if capacity and predicted_rate > 0 else 0.0
+            floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
+            detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s{rise_note} -> floor {floor}"
+            noise = noise_floor(fstate, fc, floor, value, capacity, rc.traffic_window_s)
+            damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None else None
+            if noise is not None:
+                floor, noise_detail = noise
+                value = add_stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(
+                        replicas=max(floor, value),
+                        reason=Reason.FORECAST_TREND_WITHIN_NOISE,
+                        detail=f"{detail}; {noise_detail}",
+                    ),
+                )
+            elif damped is not None:
+                floor, damped_detail = damped
+                value = add_stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(replicas=floor, reason=Reason.FORECAST_TREND_DAMPED, detail=f"{detail}; {damped_detail}"),
+                )
+            elif floor > value:
+                held_value = checked_floor(fstate, fc, floor, value, capacity)
+                capped = None if held else floor_within_model(inputs, value, predicted_rate)
+                if capped is not None and capped < floor:
+                    value = add_stage(
+                        stages,
+                        reasons,
+                        Stage.FORECAST,
+                        Clamped(
+                            replicas=max(capped, value),
+                            reason=Reason.FORECAST_WITHIN_MODEL_CAPACITY,
+                            detail=f"{detail}; the model meets the SLA at {predicted_rate:.2f} req/s with"
+                            f" {capped} replicas -> floor {max(capped, value)}",
+                        ),
+                    )
+                else:
+                    value = add_stage(
+                        stages,
+                        reasons,
+                        Stage.FORECAST,
+                        Clamped(replicas=floor, reason=Reason.FORECAST_FLOOR, detail=detail),
+                    )
+            else:
+                value = add_stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(replicas=value, reason=Reason.FORECAST_BELOW_LOAD, detail=detail),
+                )
+
+    return value, fstate, predicted_rate, held_value
