@@ -4,6 +4,7 @@ endpoints exactly as the subscriber would, and deployment statuses. No fakes of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from planner.core import (
     CoreConfig,
@@ -24,6 +25,9 @@ from planner.core.reconcile import Reconciled
 from planner.discovery import EngineCapacity, Role, WorkerRecord, default_endpoints
 from planner.ingest.store import FleetStore
 from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+# the measured H200 engine profile the core tests bootstrap their perf models from
+H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
 __all__ = ["Fleet", "Load", "hpa_config", "hpa_role", "reconciled"]
 

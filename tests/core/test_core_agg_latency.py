@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import pytest
 
@@ -21,9 +20,8 @@ from planner.core.recommend import AggLatency, predict_agg_latency, recommend_sl
 from planner.core.reconcile import Reconciled
 from planner.discovery import Role
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
-from tests.core.fleetkit import reconciled
+from tests.core.fleetkit import H200_PROFILE, reconciled
 
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 ENGINE = EngineConfig(prefix_cache=False)  # 2048-token budget, 256 sequences, 945,029 KV tokens
 BAND = 1.1  # PerfModel's band around a bootstrap profile (bootstrap_band_frac 0.10)
 

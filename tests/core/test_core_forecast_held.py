@@ -6,12 +6,9 @@ on a steady rate)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from perf_model.model import PerfModel
-from perf_model.step_timer import ProfileStepTimer
 from planner.core import (
     CoreConfig,
     CoreState,
@@ -26,13 +23,6 @@ from planner.core import (
 )
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load
-
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
-
-
-@pytest.fixture(scope="module")
-def prefill_model() -> PerfModel:
-    return PerfModel(Role.PREFILL, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE))
 
 
 def _config() -> CoreConfig:

@@ -7,7 +7,6 @@ listed as surviving in agg_latency.py."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +14,7 @@ from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
 from planner.core.agg_latency import AggLatency, predict_agg_latency
 from planner.discovery import Role
-
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
+from tests.core.fleetkit import H200_PROFILE
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ surviving in backlog.py."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,7 @@ from planner.core.agg_latency import predict_agg_latency
 from planner.core.backlog import backlog_cap, served_prefill_tokens_per_s
 from planner.core.decision import Reason
 from planner.discovery import Role
-
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
+from tests.core.fleetkit import H200_PROFILE
 
 # 4 replicas serving 3000 prompt tokens/s each over 1000 arriving: a surplus of 2000 tokens/s; a 60 s start-up;
 # the search asked for 8 replicas and the arrivals alone need 3.

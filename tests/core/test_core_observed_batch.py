@@ -6,7 +6,6 @@ run a mean batch of ~190 at 100 %."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -17,9 +16,8 @@ from planner.core import Reason, RoleLoad, SlaTargets, Traffic
 from planner.core.observed_batch import RATE_NOISE_SD, demonstrated_batch
 from planner.core.recommend import recommend_sla
 from planner.discovery import Role
-from tests.core.fleetkit import reconciled
+from tests.core.fleetkit import H200_PROFILE, reconciled
 
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
 
 

@@ -7,18 +7,14 @@ EWMA over windows: one window's p90 is a few prompts, and sized with it alone a 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from perf_model.model import PerfModel
-from perf_model.step_timer import ProfileStepTimer
 from planner.core import CoreConfig, CoreState, Mode, RoleConfig, SlaTargets, Stage, Traffic
 from planner.core.prompt_spread import service_cv2, update_log_var, window_log_var
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load
-
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
 NARROW = Traffic(
     request_rate_per_s=20.0, isl_tokens=15000.0, osl_tokens=200.0, isl_tokens_p50=15000.0, isl_tokens_p90=15000.0
@@ -26,11 +22,6 @@ NARROW = Traffic(
 HEAVY = Traffic(
     request_rate_per_s=20.0, isl_tokens=15000.0, osl_tokens=200.0, isl_tokens_p50=11600.0, isl_tokens_p90=38600.0
 )
-
-
-@pytest.fixture(scope="module")
-def prefill_model() -> PerfModel:
-    return PerfModel(Role.PREFILL, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE))
 
 
 def _config(role: Role, window_s: float = 120.0) -> CoreConfig:

@@ -8,7 +8,6 @@ fails at the deadline; the call itself takes microseconds (a hang guard, not a s
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -34,9 +33,8 @@ from planner.core import (
 )
 from planner.core.recommend import predict_agg_latency
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import H200_PROFILE, Fleet, Load
 
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 HUGE = 2**64 - 1
 FAST_DOWN = ScaleRules(
     stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)

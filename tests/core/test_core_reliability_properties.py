@@ -6,7 +6,6 @@ status is missing or its data is blind. The only exception it may raise is Obser
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -29,11 +28,10 @@ from planner.core import (
     step,
 )
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import H200_PROFILE, Fleet, Load
 from tests.core.test_core_properties import floats
 from tests.hypothesis_profiles import examples, scaled_timeout_s
 
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 TIMER = ProfileStepTimer.from_dir(H200_PROFILE)
 
 wild = st.one_of(

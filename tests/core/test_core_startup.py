@@ -5,7 +5,6 @@ when the request rate grew since, and a scale-up sized for the backlog left afte
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 
@@ -30,12 +29,11 @@ from planner.core import (
 )
 from planner.core.recommend import recommend_sla
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load, reconciled
+from tests.core.fleetkit import H200_PROFILE, Fleet, Load, reconciled
 
 FAST_UP = ScaleRules(
     stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
 )
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
 
 def _fleet(n: int, role: Role = Role.DECODE) -> Fleet:

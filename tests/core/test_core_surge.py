@@ -4,8 +4,6 @@ max_num_seqs, and the closed loop holding while a backlog left from before a sca
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import msgspec
 import pytest
 
@@ -28,9 +26,8 @@ from planner.core.config import SlaFeedbackConfig
 from planner.core.feedback import FeedbackState, update_feedback
 from planner.core.recommend import recommend_sla
 from planner.discovery import EngineCapacity, Role
-from tests.core.fleetkit import Fleet, Load, reconciled
+from tests.core.fleetkit import H200_PROFILE, Fleet, Load, reconciled
 
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
 H200_ENGINE = EngineCapacity(
     max_num_batched_tokens=2048, max_num_seqs=256, max_model_len=131_072, kv_capacity_tokens=945_029

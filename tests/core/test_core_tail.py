@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -22,9 +21,8 @@ from planner.core.tail import itl_miss_frac, osl_points
 from planner.discovery import EngineCapacity, Role
 from planner.sim.engine import EngineConfig, SimEngine, SimRequest
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import Fleet, Load, reconciled
+from tests.core.fleetkit import H200_PROFILE, Fleet, Load, reconciled
 
-H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 ENGINE = EngineConfig(prefix_cache=False)  # 2048-token budget, 256 sequences, 945,029 KV tokens
 SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
 _Z90 = 1.2815515655446004
