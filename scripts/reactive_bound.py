@@ -16,34 +16,24 @@ import argparse
 import numpy as np
 
 from planner.sim.engine import EngineConfig
-from planner.sim.fleet import FleetConfig, FpmSink, RouterKind, SimFleet, StartupMode
+from planner.sim.fleet import FleetConfig, RouterKind, SimFleet, StartupMode
 from planner.sim.metrics import SlaConfig
-from planner.sim.policies import TickTraffic
+from planner.sim.policies import FixedPolicy, TickTraffic
 from planner.sim.replay import feasible_mask, run_policy
 from planner.sim.scenarios import scenario_trace
 from planner.sim.timing import DEFAULT_PROFILE_DIR, default_timer, ttft_overhead_s
 
 
-class Schedule:
-    """Sets every role to the last scheduled count at or before ``now``."""
-
-    name = "bound"
+class Schedule(FixedPolicy):
+    """A fixed policy whose count follows a schedule: every role at the last scheduled count at or before ``now``."""
 
     def __init__(self, schedule: list[tuple[float, int]], tick_s: float) -> None:
+        super().__init__(schedule[0][1], name="bound", tick_s=tick_s)
         self.schedule = schedule
-        self.tick_s = tick_s
-
-    def make_sink(self) -> FpmSink | None:
-        return None
-
-    def attach(self, fleet: SimFleet) -> None:
-        return None
 
     def tick(self, fleet: SimFleet, now: float, traffic: TickTraffic) -> None:
-        due = [count for at_s, count in self.schedule if now >= at_s - 1e-9]
-        for role in fleet.config.roles:
-            if due and fleet.desired(role) != due[-1]:
-                fleet.scale(role, due[-1], now)
+        self.replicas = [count for at_s, count in self.schedule if now >= at_s - 1e-9][-1]
+        super().tick(fleet, now, traffic)
 
 
 def main() -> None:
