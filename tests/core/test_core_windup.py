@@ -114,7 +114,8 @@ def test_by_default_it_takes_three_settled_actions() -> None:
             update = update_feedback(state, _seen(0.88), t, cfg, in_flight=in_flight)
             state = update.state
             wound.append(update.wound)
-    assert state.ttft_windup.settled == 3 and all(wound[-3:]) and not any(wound[:-3])  # quiet after the third
+    assert len(wound) == 2 + 3 * (3 + 8)  # every tick recorded; wound only in the last three (quiet after the third)
+    assert state.ttft_windup.settled == 3 and wound[-3:] == [True, True, True] and not any(wound[:-3])
 
 
 def _rising_load_at_stuck_attainment(config: CoreConfig) -> tuple[list[int], list[Decision]]:
