@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 
+from planner.core.forecast import RISE_SIGMAS
 from planner.core.observation import RoleLoad, Traffic
 
 __all__ = ["RATE_NOISE_SD", "demonstrated_batch"]
 
-RATE_NOISE_SD = 3.0  # a rate rise hidden in the window's Poisson count: 3 standard deviations (as the forecast's)
+RATE_NOISE_SD = RISE_SIGMAS  # a rate rise hidden in the window's Poisson count: the forecast's 3 standard deviations
 
 
 def demonstrated_batch(

@@ -10,6 +10,7 @@ import math
 import msgspec
 
 from planner.core.config import RoleConfig
+from planner.core.forecast import RISE_SIGMAS
 from planner.core.state import ServiceState
 
 __all__ = [
@@ -80,7 +81,7 @@ def _lowest(low: float | None, rate: float | None) -> float | None:
     return rate if low is None else min(low, rate)
 
 
-_FALL_SIGMAS = 3.0  # a fall must exceed this many standard deviations of a window's Poisson request count
+_FALL_SIGMAS = RISE_SIGMAS  # a fall must exceed as many standard deviations of a window's Poisson count as a rise
 
 
 def traffic_fell(rc: RoleConfig, lowest_rate_per_s: float | None, rate_per_s: float | None) -> bool:
