@@ -124,3 +124,26 @@ def test_the_tail_rests_on_the_roles_sample_minimum(model: PerfModel) -> None:
     strict = hpa_role(mode=Mode.SLA, sla=sla, sla_feedback=SlaFeedbackConfig(min_samples=1000))
     assert agg8(model, strict) < 8
     assert agg8(model, hpa_role(mode=Mode.SLA, sla=sla)) > 8
+
+
+def test_the_tail_is_judged_against_the_roles_attainment_goal(model: PerfModel) -> None:
+    # 98 % of the requests met their ITL: short of the default 99 % goal (the tail adds replicas), past a role's
+    # 90 % (all met: the tail releases to where the predicted share is at most twice today's).
+    sla = SlaTargets(ttft_ms=2000, itl_ms=50)
+    lenient = hpa_role(mode=Mode.SLA, sla=sla, sla_feedback=SlaFeedbackConfig(attainment_goal=0.9))
+    assert agg8(model, lenient) < 8
+    assert agg8(model, hpa_role(mode=Mode.SLA, sla=sla)) > 8
+
+
+def test_the_prompts_spread_widens_a_prefill_roles_queue_only() -> None:
+    # The same queue and arrivals on a prefill role and on an aggregated one judged by TTFT and ITL alone (a
+    # predictor without mixed steps): only the prefill role's M/D/1 wait is widened by the spread.
+    load = RoleLoad(queued_prefill_tokens=20_000.0, decode_requests=10.0, decode_kv_tokens=10_000.0)
+    traffic = Traffic(request_rate_per_s=10.0, isl_tokens=2000.0, osl_tokens=100.0)
+    details = {}
+    for role in (Role.PREFILL, Role.AGG):
+        recon = reconciled(role, 2, prefill_requests=10.0)
+        rec, _ = recommend_role(role, sla_role(), 2, recon, load, traffic, AnalyticPerf(), prompt_cv2=1.0)
+        details[role] = rec.detail
+    assert "for the prompts' spread (CV^2 1.00)" in details[Role.PREFILL]
+    assert "spread" not in details[Role.AGG]
