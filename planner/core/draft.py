@@ -18,6 +18,7 @@ from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
 from planner.core.floor_stage import FloorInputs, forecast_floor
 from planner.core.observation import Observation, RoleLoad, Traffic
+from planner.core.observed_batch import update_demand
 from planner.core.prompt_spread import service_cv2, update_log_var
 from planner.core.recommend_role import recommend_role
 from planner.core.recommendation import Recommendation
@@ -97,6 +98,8 @@ def draft_service(
         sstate.prompt_log_var, sstate.prompt_log_var_at, traffic, now, rc.prompt_spread_window_s
     )
     prompt_cv2 = service_cv2(prompt_log_var) if rc.prompt_spread_window_s > 0 else 0.0
+    # the output-token demand over a minute (the demonstrated decode batch's margin, planner.core.observed_batch)
+    demand = update_demand(sstate.output_demand, traffic, now)
 
     # the tail's observed misses add replicas only when capacity is not still coming (they predate it)
     settled = not (deployment is not None and deployment.in_flight) and not (
@@ -126,6 +129,7 @@ def draft_service(
             startup_s=startup_s,
             tail_may_raise=settled,
             prompt_cv2=prompt_cv2,
+            demand=demand,
         )
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
@@ -155,7 +159,7 @@ def draft_service(
         feedback_corr = corrections
         if corrections != (0.0, 0.0):
             corrected = recommend_role(
-                role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, prompt_cv2
+                role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, prompt_cv2, demand
             )[0]
             value = corrected.replicas
             held = held or corrected.reason == Reason.SLA_UNREACHABLE
@@ -286,6 +290,7 @@ def draft_service(
         feedback=feedback.state,
         prompt_log_var=prompt_log_var,
         prompt_log_var_at=prompt_log_var_at,
+        output_demand=demand,
     )
     return Draft(
         role=role,

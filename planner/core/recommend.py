@@ -27,7 +27,7 @@ from planner.core.backlog import backlog_cap, served_prefill_tokens_per_s
 from planner.core.config import SlaTargets
 from planner.core.decision import Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
-from planner.core.observed_batch import demonstrated_batch
+from planner.core.observed_batch import OutputDemand, demonstrated_batch
 from planner.core.recommendation import MAX_SEARCH_REPLICAS, Recommendation
 from planner.core.reconcile import Reconciled
 from planner.core.tail import itl_miss_frac, osl_points, ttft_tail_isl
@@ -67,6 +67,7 @@ def recommend_sla(
     min_samples: int = 20,
     tail_may_raise: bool = True,
     prompt_cv2: float = 0.0,
+    demand: OutputDemand | None = None,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -201,7 +202,14 @@ def recommend_sla(
     # batch-limit refusal of that count is overridden when the observed batch stays within max_num_seqs with margin
     # and the observed attainment meets the goal.
     observed_batch = demonstrated_batch(
-        traffic, load, current * dp, rec.max_num_seqs, attainment_goal, min_samples, judge_ttft=check_ttft
+        traffic,
+        load,
+        current * dp,
+        rec.max_num_seqs,
+        attainment_goal,
+        min_samples,
+        judge_ttft=check_ttft,
+        demand=demand,
     )
     shown: dict[int, float] = {}
 

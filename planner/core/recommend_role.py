@@ -8,6 +8,7 @@ from perf_model.api import PerfPredictor
 from planner.core.config import RoleConfig
 from planner.core.decision import Mode, Reason
 from planner.core.observation import RoleLoad, Traffic
+from planner.core.observed_batch import OutputDemand
 from planner.core.recommend import recommend_sla
 from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
@@ -29,6 +30,7 @@ def recommend_role(
     startup_s: float = 0.0,
     tail_may_raise: bool = True,
     prompt_cv2: float = 0.0,
+    demand: OutputDemand | None = None,
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -52,6 +54,7 @@ def recommend_role(
             min_samples=rc.sla_feedback.min_samples,
             tail_may_raise=tail_may_raise,
             prompt_cv2=prompt_cv2 if role is Role.PREFILL else 0.0,
+            demand=demand,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)

@@ -10,6 +10,7 @@ import msgspec
 
 from planner.core.feedback import FeedbackState
 from planner.core.forecast import ForecastState
+from planner.core.observed_batch import OutputDemand
 
 __all__ = ["CoreState", "ServiceState"]
 
@@ -51,6 +52,8 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     # The prompt lengths' log-normal sigma^2, an EWMA over windows (planner.core.prompt_spread), and when it was fed.
     prompt_log_var: float | None = None
     prompt_log_var_at: float | None = None
+    # The output-token demand smoothed over a minute (planner.core.observed_batch): the demonstrated batch's margin.
+    output_demand: OutputDemand | None = None
 
 
 class CoreState(msgspec.Struct, frozen=True, kw_only=True):
