@@ -12,11 +12,17 @@ import pytest
 
 from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
-from planner.core import Reason, RoleLoad, SlaTargets, Traffic
-from planner.core.observed_batch import RATE_NOISE_SD, demonstrated_batch
+from planner.core import CoreConfig, CoreState, Reason, RoleConfig, RoleLoad, SlaTargets, Stage, Traffic
+from planner.core.observed_batch import (
+    DEMAND_WINDOW_S,
+    RATE_NOISE_SD,
+    OutputDemand,
+    demonstrated_batch,
+    update_demand,
+)
 from planner.core.recommend import recommend_sla
-from planner.discovery import Role
-from tests.core.fleetkit import H200_PROFILE, reconciled
+from planner.discovery import EngineCapacity, Role
+from tests.core.fleetkit import H200_PROFILE, Fleet, Load, reconciled
 
 SLA = SlaTargets(ttft_ms=2000, itl_ms=50)
 
@@ -157,3 +163,101 @@ def test_a_decode_role_keeps_the_count_it_runs_at_on_its_observed_itl_alone() ->
     assert "the engines run it at 204 per engine (with margin) and meet the goal" in detail
     assert rec(1, msgspec.structs.replace(traffic, itl_attainment_frac=0.9))[:2] == (2, Reason.DECODE_BATCH_LIMIT)
     assert rec(2, traffic)[:2] == (2, Reason.DECODE_BATCH_LIMIT)
+
+
+H200_ENGINE = EngineCapacity(
+    max_num_batched_tokens=2048, max_num_seqs=256, max_model_len=8192, kv_capacity_tokens=945_029
+)
+
+
+def _window(rate: float, itl_ms: float) -> Traffic:
+    """One 10 s traffic window of output_shift after the shift at ``rate`` req/s, every request met."""
+    count = round(rate * 10.0)
+    return msgspec.structs.replace(
+        SHIFTED, request_rate_per_s=rate, itl_ms_p50=itl_ms, requests_in_window=count, ttft_samples_in_window=count
+    )
+
+
+def _hold_two(agg_model: PerfModel, windows: list[Traffic]) -> list[tuple[int, Reason]]:
+    """Two aggregated engines running ~200 decodes each, one decision every 5 s over ``windows``: (the final
+    count, the recommend stage's reason) of each tick; the fleet is kept at 2."""
+    fleet = Fleet()
+    for i in range(2):
+        fleet.add(f"agg-{i}", Role.AGG, capacity=H200_ENGINE)
+    fleet.deploy("agg", 2)
+    config = CoreConfig(roles={Role.AGG: RoleConfig(sla=SLA)})
+    state = CoreState()
+    out: list[tuple[int, Reason]] = []
+    for i, window in enumerate(windows):
+        now = 5.0 * i
+        fleet.publish_all(now, Load(decode=400, kv=400 * 1500))
+        state, decisions = fleet.tick(state, now, config, {Role.AGG: window}, predictors={Role.AGG: agg_model})
+        recommend = decisions["agg"].stage(Stage.RECOMMEND)
+        assert recommend is not None and recommend.reason is not None
+        out.append((decisions["agg"].final_replicas, recommend.reason))
+    return out
+
+
+def test_one_windows_chance_excess_does_not_move_a_fleet_the_minutes_demand_fits(agg_model: PerfModel) -> None:
+    """output_shift aggregated at 1,215 s: a minute of 20 req/s windows on 2 engines (10 x 700 x 27.6 ms = 193
+    per engine), then one window of 22.1 req/s, +1.5 sd of its 221 requests: Little's law on that window alone is
+    213, x (1 + 3 / sqrt(221)) = 256.7 past max_num_seqs, and the fleet went to 3 for good. The margin now rests on
+    the minute's smoothed demand (~20.2 req/s over ~600 requests: 195 x 1.12 = 219) and the window counts at its
+    own 213: 2 stays (decode_batch_observed). Before: 3 at the last tick."""
+    steady = [_window(20.0, 27.6)] * 13
+    decisions = _hold_two(agg_model, [*steady, _window(22.1, 27.6)])
+    assert decisions, "no tick decided"
+    assert decisions[-2] == (2, Reason.DECODE_BATCH_OBSERVED)
+    assert decisions[-1] == (2, Reason.DECODE_BATCH_OBSERVED)
+
+
+def test_a_window_past_the_limit_on_its_own_figures_still_trips_the_smoothed_margin(agg_model: PerfModel) -> None:
+    """The window's own Little's law counts without a margin, but it counts: a window of 27 req/s after the same
+    minute (13.5 x 700 x 27.6 ms = 261 per engine) is past 256 whatever the minute says, and the model's refusal
+    stands: the model's own count for 27 req/s (4)."""
+    steady = [_window(20.0, 27.6)] * 13
+    decisions = _hold_two(agg_model, [*steady, _window(27.0, 27.6)])
+    assert decisions[-2] == (2, Reason.DECODE_BATCH_OBSERVED)
+    assert decisions[-1] == (4, Reason.SLA_NEEDS_MORE)
+
+
+def test_the_output_demand_is_a_time_weighted_ewma_over_a_minute() -> None:
+    first = update_demand(None, _window(20.0, 25.0), 0.0)
+    assert first == OutputDemand(tokens_per_s=14_000.0, requests_per_s=20.0, span_s=10.0, at=0.0)
+    second = update_demand(first, _window(30.0, 25.0), 5.0)
+    weight = -math.expm1(-5.0 / DEMAND_WINDOW_S)
+    assert second is not None
+    assert second.tokens_per_s == pytest.approx(14_000.0 + weight * 7_000.0)
+    assert second.requests_per_s == pytest.approx(20.0 + weight * 10.0)
+    assert (second.span_s, second.at) == (15.0, 5.0)
+    # the span it rests on grows to the time constant, no further
+    later = second
+    for i in range(2, 30):
+        later = update_demand(later, _window(20.0, 25.0), 5.0 * i)
+    assert later is not None and later.span_s == DEMAND_WINDOW_S
+    # a window without a rate or an OSL leaves it as it was; a gap of a time constant starts it afresh
+    assert update_demand(second, None, 10.0) is second
+    assert update_demand(second, msgspec.structs.replace(SHIFTED, osl_tokens=None), 10.0) is second
+    fresh = update_demand(second, _window(10.0, 25.0), 5.0 + DEMAND_WINDOW_S)
+    assert fresh == OutputDemand(tokens_per_s=7_000.0, requests_per_s=10.0, span_s=10.0, at=5.0 + DEMAND_WINDOW_S)
+
+
+def test_the_smoothed_margin_rests_on_the_requests_of_its_span() -> None:
+    """With a demand, the window's own Little's law counts without a margin and the demand's with 3 sd of its
+    span's requests: 20 req/s over 60 s is 1,200 requests, 1 + 3 / sqrt(1200)."""
+    demand = OutputDemand(tokens_per_s=14_000.0, requests_per_s=20.0, span_s=60.0, at=0.0)
+    batch = demonstrated_batch(SHIFTED, LOAD, 2, 256.0, 0.99, 20, demand=demand)
+    assert batch == pytest.approx(7_000.0 * 0.025 * (1.0 + RATE_NOISE_SD / math.sqrt(1200.0)))
+    # a window above the demand counts at its own figures: 12 x 700 x 25 ms = 210
+    high = msgspec.structs.replace(SHIFTED, request_rate_per_s=24.0)
+    assert demonstrated_batch(high, LOAD, 2, 256.0, 0.99, 20, demand=demand) == pytest.approx(210.0)
+    # a span shorter than the window rests on the window's requests (200), not fewer
+    young = msgspec.structs.replace(demand, span_s=5.0)
+    assert demonstrated_batch(SHIFTED, LOAD, 2, 256.0, 0.99, 20, demand=young) == pytest.approx(
+        175.0 * (1.0 + RATE_NOISE_SD / math.sqrt(200.0))
+    )
+    # a demand with nothing in it is no demand: the window's margin
+    empty = msgspec.structs.replace(demand, tokens_per_s=0.0)
+    assert demonstrated_batch(SHIFTED, LOAD, 2, 256.0, 0.99, 20, demand=empty) == pytest.approx(
+        175.0 * (1.0 + RATE_NOISE_SD / math.sqrt(200.0))
+    )
