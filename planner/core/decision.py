@@ -118,6 +118,7 @@ class Reason(enum.StrEnum):
     NO_WORKERS_DISCOVERED = "no_workers_discovered"
     COVERAGE_NOT_SUSTAINED = "coverage_not_sustained"
     STARTUP_WINDOW = "startup_window"
+    NEW_REPLICAS_HELD = "new_replicas_held"
     SCALE_DOWN_BLOCKED = "scale_down_blocked"
     UNKNOWN_WORKER_SAMPLES = "unknown_worker_samples"
     # in flight

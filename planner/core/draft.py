@@ -17,6 +17,7 @@ from planner.core.config import CoreConfig, RoleConfig
 from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
 from planner.core.floor_stage import FloorInputs, forecast_floor
+from planner.core.newcomers import newcomer_hold, only_newcomers_silent, update_reported
 from planner.core.observation import Observation, RoleLoad, Traffic
 from planner.core.observed_batch import update_demand
 from planner.core.prompt_spread import service_cv2, update_log_var
@@ -242,9 +243,18 @@ def draft_service(
     )
 
     # safety: no scale-down on incomplete coverage, nor before a full window of it
-    since = next_coverage_since(coverage, sstate.coverage_complete_since, now)
+    # and a count held on a window of data from the count itself once its newest replica reports
+    # (planner.core.newcomers)
+    newcomers_only = only_newcomers_silent(coverage, sstate.reported_workers)
+    reported, first_report = update_reported(coverage, workers, sstate.reported_workers)
+    first_report_at = now if first_report else sstate.first_report_at
+    since = next_coverage_since(coverage, sstate.coverage_complete_since, now, newcomers_only)
     if value < current:
         allowed, why, detail = coverage_gate(coverage, since, started_at, now, down_window_s)
+        if allowed:
+            newcomers_held, detail = newcomer_hold(first_report_at, now, down_window_s)
+            if newcomers_held:
+                allowed, why = False, (Reason.NEW_REPLICAS_HELD, Reason.SCALE_DOWN_BLOCKED)
         if not allowed:
             stages.append(StageResult(stage=Stage.SAFETY, replicas=current, reason=why[0], detail=detail))
             reasons.extend(why)
@@ -279,6 +289,8 @@ def draft_service(
         checked_recommendations=checked_recommendations,
         scale_events=events,
         coverage_complete_since=since,
+        reported_workers=reported,
+        first_report_at=first_report_at,
         in_flight_since=in_flight_since,
         startup_s_observed=startup_observed,
         scale_up_at=sstate.scale_up_at if in_flight else None,

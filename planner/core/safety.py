@@ -17,9 +17,13 @@ from planner.core.observation import DeploymentStatus
 __all__ = ["coverage_gate", "describe_gaps", "hold_in_flight", "next_coverage_since"]
 
 
-def next_coverage_since(coverage: Coverage, previous: float | None, now: float) -> float | None:
-    """Since when coverage has been complete without a break (None when it is not complete now)."""
-    if not coverage.complete:
+def next_coverage_since(
+    coverage: Coverage, previous: float | None, now: float, newcomers_only: bool = False
+) -> float | None:
+    """Since when coverage has been complete without a break (None when it is not complete now).
+    ``newcomers_only``: the only gap is ready replicas that have never reported (a new count starting,
+    :mod:`planner.core.newcomers` holds it): not a break."""
+    if not coverage.complete and not newcomers_only:
         return None
     return now if previous is None else previous
 

@@ -30,6 +30,10 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     pending_scale: tuple[float, int, int] | None = None
     # Since when every ready replica and rank has been covered without a break (None: not covered now).
     coverage_complete_since: float | None = None
+    # Worker ids that have reported (fully fresh) at least once while discovered, and when the newest of them first
+    # reported: a count is held on data from the count itself (planner.core.newcomers).
+    reported_workers: frozenset[str] = frozenset()
+    first_report_at: float | None = None
     # Since when the deployment has had an action in flight (None: settled).
     in_flight_since: float | None = None
     forecast: ForecastState = msgspec.field(default_factory=ForecastState)

@@ -1,0 +1,59 @@
+"""New replicas: the count just bought is judged on data from the count itself.
+
+A replica that turns ready has not reported yet: its first FPM comes a tick or so later. Until every ready
+replica has reported, the safety gate already holds any scale-down (coverage is not complete now). Once the last
+new replica has reported, the count it completes is held for ``hold_s`` (the scale-down window) from that first
+report (``new_replicas_held``): the load it sees was measured on a fleet that did not have those replicas, and a
+count is only released on a window of data from the count itself. Whether the first report lands on the tick the
+replica turns ready or one tick later (a timing accident of the publisher) no longer changes the decision.
+
+The sustained-coverage clock (:mod:`planner.core.safety`) is therefore not restarted by a replica that has never
+reported (a newcomer): that silence is the new count's start-up, held here, not a break in coverage. A replica
+that has reported before and falls silent still breaks coverage and restarts the clock.
+
+Which replicas have reported is remembered by worker id (``ServiceState.reported_workers``), pruned to the
+workers discovered now; a fresh planner has seen none, so every worker's first report falls in its first tick
+(inside the start-up window anyway). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.core.decision import Coverage, Reason, WorkerStatus
+from planner.discovery import WorkerRecord
+
+__all__ = ["newcomer_hold", "only_newcomers_silent", "update_reported"]
+
+
+def update_reported(
+    coverage: Coverage, workers: Sequence[WorkerRecord], previous: frozenset[str]
+) -> tuple[frozenset[str], bool]:
+    """The worker ids that have reported (fully fresh on every rank) at least once while discovered, and whether
+    one of them reported for the first time this tick."""
+    not_healthy = {p.worker_id for p in coverage.problems}
+    ids = {w.worker_id for w in workers}
+    healthy = ids - not_healthy
+    first = not healthy <= previous
+    return frozenset((previous & ids) | healthy), first
+
+
+def only_newcomers_silent(coverage: Coverage, reported: frozenset[str]) -> bool:
+    """Coverage is incomplete only because ready replicas that have never reported are silent (still starting)."""
+    if coverage.complete or coverage.gaps != (Reason.WORKERS_SILENT,):
+        return False
+    silent = [p.worker_id for p in coverage.problems if p.status == WorkerStatus.SILENT]
+    return bool(silent) and not any(wid in reported for wid in silent)
+
+
+def newcomer_hold(first_report_at: float | None, now: float, hold_s: float) -> tuple[bool, str]:
+    """Does the last new replica's first report hold a scale-down now? Returns (held, detail)."""
+    if first_report_at is None:
+        return False, ""
+    since_s = now - first_report_at
+    if since_s >= hold_s:
+        return False, ""
+    return True, (
+        f"the newest replica first reported {since_s:g} s ago; the count is held for {hold_s:g} s of data"
+        " from the count itself"
+    )
