@@ -42,8 +42,7 @@ def only_newcomers_silent(coverage: Coverage, reported: frozenset[str]) -> bool:
     """Coverage is incomplete only because ready replicas that have never reported are silent (still starting)."""
     if coverage.complete or coverage.gaps != (Reason.WORKERS_SILENT,):
         return False
-    silent = [p.worker_id for p in coverage.problems if p.status == WorkerStatus.SILENT]
-    return bool(silent) and not any(wid in reported for wid in silent)
+    return not any(p.worker_id in reported for p in coverage.problems if p.status == WorkerStatus.SILENT)
 
 
 def newcomer_hold(first_report_at: float | None, now: float, hold_s: float) -> tuple[bool, str]:

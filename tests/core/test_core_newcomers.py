@@ -7,8 +7,9 @@ replicas start (not ready) for 60 s; then the load falls to what one replica ser
 
 from __future__ import annotations
 
-from planner.core import Action, CoreConfig, CoreState, Decision, Reason
-from planner.discovery import Role
+from planner.core import Action, CoreConfig, CoreState, Coverage, Decision, Reason, WorkerCoverage, WorkerStatus
+from planner.core.newcomers import newcomer_hold, only_newcomers_silent, update_reported
+from planner.discovery import Role, WorkerRecord
 from tests.core.fleetkit import Fleet, Load, hpa_role
 
 TICK_S = 5.0
@@ -102,3 +103,65 @@ def test_the_new_replicas_silent_with_an_old_one_is_a_coverage_break() -> None:
     held = decisions[760]
     assert Reason.COVERAGE_NOT_SUSTAINED in held.reasons
     assert first_down(decisions) == 765
+
+
+def coverage(silent: tuple[str, ...] = (), gaps: tuple[Reason, ...] | None = None) -> Coverage:
+    problems = tuple(
+        WorkerCoverage(worker_id=w, status=WorkerStatus.SILENT, missing_ranks=(0,), detail="no fresh FPM")
+        for w in silent
+    )
+    gaps = gaps if gaps is not None else ((Reason.WORKERS_SILENT,) if silent else ())
+    return Coverage(
+        role=Role.DECODE,
+        service="decode",
+        discovered=4,
+        healthy=4 - len(silent),
+        partial=0,
+        silent=len(silent),
+        identity_not_synced=0,
+        not_ready=0,
+        ranks_expected=4,
+        ranks_fresh=4 - len(silent),
+        deployment_desired=4,
+        deployment_ready=4,
+        complete=not gaps,
+        gaps=gaps,
+        problems=problems,
+    )
+
+
+def workers(*ids: str) -> list[WorkerRecord]:
+    fleet = Fleet()
+    return [fleet.add(w, Role.DECODE) for w in ids]
+
+
+def test_reported_workers_are_remembered_while_discovered_only() -> None:
+    four = workers("a", "b", "c", "d")
+    reported, first = update_reported(coverage(silent=("d",)), four, frozenset())
+    assert reported == {"a", "b", "c"} and first
+    reported, first = update_reported(coverage(silent=("d",)), four, reported)
+    assert reported == {"a", "b", "c"} and not first
+    reported, first = update_reported(coverage(), four, reported)
+    assert reported == {"a", "b", "c", "d"} and first
+    # "c" forgotten by discovery, then discovered again: a new replica under an old id
+    reported, first = update_reported(coverage(), workers("a", "b", "d"), reported)
+    assert reported == {"a", "b", "d"} and not first
+    reported, first = update_reported(coverage(), four, reported)
+    assert reported == {"a", "b", "c", "d"} and first
+
+
+def test_only_newcomers_silent_needs_every_silent_worker_never_reported_and_no_other_gap() -> None:
+    reported = frozenset({"a", "b"})
+    assert only_newcomers_silent(coverage(silent=("c", "d")), reported)
+    assert not only_newcomers_silent(coverage(silent=("b", "c")), reported)
+    assert not only_newcomers_silent(coverage(), reported)  # complete: nothing to forgive
+    other = (Reason.WORKERS_SILENT, Reason.READY_REPLICAS_UNDISCOVERED)
+    assert not only_newcomers_silent(coverage(silent=("c",), gaps=other), reported)
+
+
+def test_newcomer_hold_lasts_exactly_hold_s_from_the_first_report() -> None:
+    assert newcomer_hold(None, 100.0, 60.0) == (False, "")
+    held, detail = newcomer_hold(100.0, 159.0, 60.0)
+    assert held and detail.startswith("the newest replica first reported 59 s ago; the count is held for 60 s")
+    assert detail.endswith("of data from the count itself")
+    assert newcomer_hold(100.0, 160.0, 60.0) == (False, "")
