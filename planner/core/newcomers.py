@@ -19,11 +19,14 @@ workers discovered now; a fresh planner has seen none, so every worker's first r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from planner.core.decision import Coverage, Reason, WorkerStatus
 from planner.discovery import WorkerRecord
 
 __all__ = ["newcomer_hold", "only_newcomers_silent", "update_reported"]
+
+_WORKER_ID = attrgetter("worker_id")
 
 
 def update_reported(
@@ -31,11 +34,12 @@ def update_reported(
 ) -> tuple[frozenset[str], bool]:
     """The worker ids that have reported (fully fresh on every rank) at least once while discovered, and whether
     one of them reported for the first time this tick."""
-    not_healthy = {p.worker_id for p in coverage.problems}
-    ids = {w.worker_id for w in workers}
-    healthy = ids - not_healthy
+    ids = frozenset(map(_WORKER_ID, workers))  # C-level passes: the core's tick cost at thousands of workers
+    healthy = ids.difference([p.worker_id for p in coverage.problems])
     first = not healthy <= previous
-    return frozenset((previous & ids) | healthy), first
+    if not first and ids >= previous:
+        return previous, False
+    return (previous & ids) | healthy, first
 
 
 def only_newcomers_silent(coverage: Coverage, reported: frozenset[str]) -> bool:
