@@ -147,3 +147,21 @@ def test_the_prompts_spread_widens_a_prefill_roles_queue_only() -> None:
         details[role] = rec.detail
     assert "for the prompts' spread (CV^2 1.00)" in details[Role.PREFILL]
     assert "spread" not in details[Role.AGG]
+
+
+@pytest.mark.parametrize(
+    ("mode", "ready", "extra"),
+    [
+        (Mode.AUTO, False, (Reason.PERF_MODEL_NOT_READY,)),  # auto with a model still learning: says so
+        (Mode.SLA, False, (Reason.PERF_MODEL_NOT_READY,)),
+        (Mode.THRESHOLD, True, ()),  # threshold mode asked for: a ready model is not missed
+        (Mode.THRESHOLD, False, ()),
+    ],
+)
+def test_threshold_mode_says_perf_model_not_ready_only_when_sla_mode_was_wanted(
+    mode: Mode, ready: bool, extra: tuple[Reason, ...]
+) -> None:
+    rc = hpa_role(mode=mode, sla=SlaTargets(ttft_ms=500.0, itl_ms=20.0))
+    recon = reconciled(Role.DECODE, 2, prefill_requests=0.0)
+    rec, got = recommend_role(Role.DECODE, rc, 2, recon, DECODE_300, None, AnalyticPerf(ready=ready))
+    assert (rec.mode, got) == (Mode.THRESHOLD, extra)
