@@ -1,19 +1,21 @@
 """The forecast floor within the model's capacity (planner.core.floor_stage.floor_within_model): the count the model
 asks at the forecast rate is asked with everything the load's own recommendation used -- the prompts' spread
-among it -- and a forecast rate no count can serve leaves the derived floor standing. Written for the mutants of
-floor_stage.py that survived the suite (docs/mutation-results.md).
+among it -- and a forecast rate no count can serve leaves the derived floor standing; a forecast of no requests
+asks no floor, and half a request a second on an idle fleet gives no capacity to size one with. Written for the
+mutants of floor_stage.py that survived the suite (docs/mutation-results.md).
 
 The analytic predictor of tests/core/analytic_perf.py with the H200 engine's 2048-token chunk: 50.96 ms a chunk,
 40,188 prompt tokens/s per engine; a prefill of T tokens ``1.1 x (ceil(T / 2048) x 10 + 0.02 T)`` ms."""
 
 from __future__ import annotations
 
-from planner.core import Mode, Reason, RoleLoad, SlaTargets, Traffic
+from planner.core import CoreConfig, CoreState, Mode, Reason, RoleLoad, SlaTargets, Stage, Traffic, step
+from planner.core.config import ForecastConfig, ForecastMethod
 from planner.core.floor_stage import FloorInputs, floor_within_model
 from planner.core.recommendation import Recommendation
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import hpa_role, reconciled
+from tests.core.fleetkit import Fleet, Load, hpa_role, reconciled
 
 
 def inputs(prompt_cv2: float) -> FloorInputs:
@@ -48,3 +50,31 @@ def test_a_forecast_rate_no_count_can_serve_leaves_the_derived_floor() -> None:
     # 10M prompts/s of 2000 tokens need 500,000 engines, past the search's 100,000: the model's answer at that rate
     # is a hold (sla_unreachable), not a count to cap the floor at.
     assert floor_within_model(inputs(0.0), 2, 10_000_000.0) is None
+
+
+def forecast_stage(rate_rps: float, capacity_rps: float | None) -> tuple[Reason | None, str]:
+    """The forecast stage (reason, detail) of an idle decode fleet of 4 receiving ``rate_rps`` requests/s, with a
+    constant forecast and ``capacity_rps`` per replica (None: derived from the load's count)."""
+    fleet = Fleet()
+    fleet.add_many(4, Role.DECODE)
+    fleet.deploy("decode", 4)
+    forecast = ForecastConfig(method=ForecastMethod.CONSTANT, replica_capacity_rps=capacity_rps)
+    config = CoreConfig(roles={Role.DECODE: hpa_role(forecast=forecast)})
+    fleet.publish_all(0.0, Load())
+    _, (decision,) = step(
+        CoreState(), fleet.observe(0.0, {Role.DECODE: Traffic(request_rate_per_s=rate_rps)}), 0.0, config
+    )
+    stage = decision.stage(Stage.FORECAST)
+    assert stage is not None and stage.detail is not None
+    return stage.reason, stage.detail
+
+
+def test_half_a_request_a_second_on_an_idle_fleet_gives_no_capacity_to_size_a_floor_with() -> None:
+    assert forecast_stage(0.5, None) == (
+        Reason.FORECAST_NO_DATA,
+        "no per-replica capacity: set forecast.replica_capacity_rps",
+    )
+
+
+def test_a_forecast_of_no_requests_asks_no_floor() -> None:
+    assert forecast_stage(0.0, 10.0) == (Reason.FORECAST_BELOW_LOAD, "forecast 0.00 req/s in 60 s -> floor 0")
