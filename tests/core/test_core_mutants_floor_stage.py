@@ -78,3 +78,18 @@ def test_half_a_request_a_second_on_an_idle_fleet_gives_no_capacity_to_size_a_fl
 
 def test_a_forecast_of_no_requests_asks_no_floor() -> None:
     assert forecast_stage(0.0, 10.0) == (Reason.FORECAST_BELOW_LOAD, "forecast 0.00 req/s in 60 s -> floor 0")
+
+
+def test_an_aggregated_roles_forecast_says_what_it_forecast_and_nothing_else() -> None:
+    # The rise cap is a prefill/decode check: an aggregated role's stage has no note of it.
+    fleet = Fleet()
+    fleet.add_many(2, Role.AGG)
+    fleet.deploy("agg", 2)
+    forecast = ForecastConfig(method=ForecastMethod.CONSTANT, replica_capacity_rps=2.0)
+    config = CoreConfig(roles={Role.AGG: hpa_role(forecast=forecast)})
+    fleet.publish_all(0.0, Load())
+    _, (decision,) = step(CoreState(), fleet.observe(0.0, {Role.AGG: Traffic(request_rate_per_s=6.0)}), 0.0, config)
+    stage = decision.stage(Stage.FORECAST)
+    assert stage is not None
+    assert (stage.reason, stage.replicas) == (Reason.FORECAST_FLOOR, 3)
+    assert stage.detail == "forecast 6.00 req/s in 60 s -> floor 3"
