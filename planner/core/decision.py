@@ -95,6 +95,7 @@ class Reason(enum.StrEnum):
     FORECAST_TREND_DAMPED = "forecast_trend_damped"
     FORECAST_WITHIN_MODEL_CAPACITY = "forecast_within_model_capacity"
     FORECAST_TREND_WITHIN_NOISE = "forecast_trend_within_noise"
+    FORECAST_STEADY_WITHIN_MODEL = "forecast_steady_within_model"
     FORECAST_RISE_CAPPED = "forecast_rise_capped"
     FORECAST_BELOW_LOAD = "forecast_below_load"
     FORECAST_NO_DATA = "forecast_no_data"

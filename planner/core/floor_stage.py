@@ -1,7 +1,8 @@
 """The forecast floor stage: Holt's forecast of the request rate one horizon ahead, divided by one replica's
 capacity, raises the load's count to what the forecast rate needs (``forecast_floor``), with its checks: the rise
 capped at a new high, the trend within the counting noise or damped by what came, the floor within the model's
-capacity, the derived capacity's anchors. Pure; see docs/decision_core.md ("The forecast floor" and after)."""
+capacity (at the forecast rate; on a steady rate, at Holt's level on every role), the derived capacity's anchors.
+Pure; see docs/decision_core.md ("The forecast floor" and after)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import msgspec
 
 from perf_model.api import PerfPredictor
 from planner.core.clamp import Clamped, add_stage
-from planner.core.config import ForecastMethod, RoleConfig
+from planner.core.config import ForecastConfig, ForecastMethod, RoleConfig
 from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.forecast import (
+    RISE_SIGMAS,
     ForecastState,
+    at_history_high,
     checked_floor,
     damped_floor,
     derived_capacity,
     forecast_rate,
     noise_floor,
+    rise_beyond_noise,
     rise_capped_rate,
     update_forecast,
 )
@@ -50,12 +54,14 @@ class FloorInputs(msgspec.Struct, frozen=True, kw_only=True):
     prompt_cv2: float
 
 
-def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -> int | None:
+def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float, *, any_role: bool = False) -> int | None:
     """The count the model (with the closed loop's correction) asks at the forecast rate, for a prefill-only or
-    decode-only role whose load-set count is at least two; None where the derived floor stands (see
-    docs/decision_core.md, "The floor within the model's capacity")."""
+    decode-only role (any role with ``any_role``) whose load-set count is at least two; None where the derived
+    floor stands (see docs/decision_core.md, "The floor within the model's capacity")."""
     role, traffic, rec = inputs.role, inputs.traffic, inputs.rec
-    if role not in (Role.PREFILL, Role.DECODE) or value < 2 or traffic is None or rec.mode != Mode.SLA:
+    if (not any_role and role not in (Role.PREFILL, Role.DECODE)) or value < 2 or traffic is None:
+        return None
+    if rec.mode != Mode.SLA:
         return None
     if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
         return None
@@ -76,6 +82,35 @@ def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -
     if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
         return None
     return ask.replicas
+
+
+def steady_floor(
+    inputs: FloorInputs, fstate: ForecastState, fc: ForecastConfig, floor: int, value: int, capacity: float | None
+) -> tuple[int, str] | None:
+    """On a steady rate (its rise over ``horizon_s`` within the counting noise, and not at its history's high) and
+    a load-set count of two or more, on any role in SLA mode, the floor asks no more than the model at Holt's level
+    (no trend): the replica the derived capacity's rounding adds there is not a need the traffic shows. None where
+    it does not bind (see docs/decision_core.md, "A steady rate's floor within the model's capacity")."""
+    if fc.method != ForecastMethod.HOLT or value < 2 or floor <= value or not capacity or fstate.last_at is None:
+        return None
+    if rise_beyond_noise(fstate, fc.horizon_s, inputs.rc.traffic_window_s):
+        return None
+    if at_history_high(fstate):
+        return None  # a rate the history has not shown: the derived floor's spare stands (a ramp runs ahead)
+    level = max(fstate.holt_level, 0.0)
+    need = level / capacity
+    level_floor = math.ceil(need - 1e-9) if math.isfinite(need) else floor
+    at_level = floor_within_model(inputs, value, level, any_role=True)
+    if at_level is None:
+        return None
+    capped = max(min(floor, level_floor, at_level), value)
+    if capped >= floor:
+        return None
+    return capped, (
+        f"the rate rose no more than {RISE_SIGMAS:g} sd of its windows' request counts over the last"
+        f" {fc.horizon_s:g} s, and the model meets the SLA at its level {level:.2f} req/s with {at_level}"
+        f" replicas -> floor {capped}"
+    )
 
 
 def forecast_floor(
@@ -148,8 +183,21 @@ def forecast_floor(
             floor = math.ceil(need - 1e-9) if math.isfinite(need) else rc.max_replicas
             detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s{rise_note} -> floor {floor}"
             noise = noise_floor(fstate, fc, floor, value, capacity, rc.traffic_window_s)
-            damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None else None
-            if noise is not None:
+            steady = None if held else steady_floor(inputs, fstate, fc, floor, value, capacity)
+            damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None and steady is None else None
+            if steady is not None:
+                floor, steady_detail = steady
+                value = add_stage(
+                    stages,
+                    reasons,
+                    Stage.FORECAST,
+                    Clamped(
+                        replicas=max(floor, value),
+                        reason=Reason.FORECAST_STEADY_WITHIN_MODEL,
+                        detail=f"{detail}; {steady_detail}",
+                    ),
+                )
+            elif noise is not None:
                 floor, noise_detail = noise
                 value = add_stage(
                     stages,
