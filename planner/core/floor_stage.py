@@ -33,7 +33,7 @@ from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
 from planner.discovery import Role
 
-__all__ = ["FloorInputs", "floor_within_model", "forecast_floor"]
+__all__ = ["FloorInputs", "floor_within_model", "forecast_floor", "model_count_at_level", "steady_floor"]
 
 
 class FloorInputs(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,14 +54,12 @@ class FloorInputs(msgspec.Struct, frozen=True, kw_only=True):
     prompt_cv2: float
 
 
-def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float, *, any_role: bool = False) -> int | None:
+def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -> int | None:
     """The count the model (with the closed loop's correction) asks at the forecast rate, for a prefill-only or
-    decode-only role (any role with ``any_role``) whose load-set count is at least two; None where the derived
-    floor stands (see docs/decision_core.md, "The floor within the model's capacity")."""
+    decode-only role whose load-set count is at least two; None where the derived floor stands (see
+    docs/decision_core.md, "The floor within the model's capacity")."""
     role, traffic, rec = inputs.role, inputs.traffic, inputs.rec
-    if (not any_role and role not in (Role.PREFILL, Role.DECODE)) or value < 2 or traffic is None:
-        return None
-    if rec.mode != Mode.SLA:
+    if role not in (Role.PREFILL, Role.DECODE) or value < 2 or traffic is None or rec.mode != Mode.SLA:
         return None
     if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
         return None
@@ -73,6 +71,32 @@ def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float, *
         inputs.recon,
         inputs.load,
         at_forecast,
+        inputs.predictor,
+        inputs.corrections,
+        inputs.startup_s,
+        inputs.settled,
+        inputs.prompt_cv2,
+    )
+    if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
+        return None
+    return ask.replicas
+
+
+def model_count_at_level(inputs: FloorInputs, level_per_s: float) -> int | None:
+    """The count the model (with the closed loop's correction) asks at Holt's level, on any role in SLA mode; None
+    where the model gives no count for it (see :func:`steady_floor`)."""
+    traffic, rec = inputs.traffic, inputs.rec
+    if traffic is None or rec.mode != Mode.SLA:
+        return None
+    if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
+        return None
+    ask, _ = recommend_role(
+        inputs.role,
+        inputs.rc,
+        inputs.current,
+        inputs.recon,
+        inputs.load,
+        msgspec.structs.replace(traffic, request_rate_per_s=level_per_s),
         inputs.predictor,
         inputs.corrections,
         inputs.startup_s,
@@ -100,7 +124,7 @@ def steady_floor(
     level = max(fstate.holt_level, 0.0)
     need = level / capacity
     level_floor = math.ceil(need - 1e-9) if math.isfinite(need) else floor
-    at_level = floor_within_model(inputs, value, level, any_role=True)
+    at_level = model_count_at_level(inputs, level)
     if at_level is None:
         return None
     capped = max(min(floor, level_floor, at_level), value)
