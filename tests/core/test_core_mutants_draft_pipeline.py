@@ -170,3 +170,28 @@ def test_a_measured_load_it_cannot_trust_says_it_was_measured() -> None:
     )
     assert (draft.rec.replicas, draft.rec.reason) == (2, Reason.LOAD_INVALID)
     assert draft.stages[0].detail == "measured load not usable (queued_prefill_tokens=inf); holding at 2"
+
+
+def test_each_scale_up_measures_its_own_start_up() -> None:
+    # Threshold mode (205 decodes per replica): 800 decodes ask 4 of 2 replicas at t = 0, 1600 ask 8 of 4 at
+    # t = 1000; each time the new replicas are ready 60 s after the decision. Both start-ups measure 60 s: the
+    # second is timed from its own decision, not from the first's.
+    fleet = Fleet()
+    fleet.add_many(2, Role.DECODE)
+    fleet.deploy("decode", 2)
+    config = CoreConfig(roles={Role.DECODE: hpa_role()})
+    state = CoreState()
+    measured: list[tuple[int, float | None]] = []
+    for start, load in ((0.0, Load(decode=800)), (1000.0, Load(decode=1600))):
+        fleet.publish_all(start, load)
+        state, decisions = fleet.tick(state, start, config)
+        decision = decisions["decode"]
+        fleet.deploy("decode", decision.final_replicas, ready=fleet.deployments["decode"].desired, in_flight=True)
+        for now in (start + 10.0, start + 30.0):
+            fleet.publish_all(now, load)
+            state, _ = fleet.tick(state, now, config)
+        fleet.apply(decision)
+        fleet.publish_all(start + 60.0, load)
+        state, _ = fleet.tick(state, start + 60.0, config)
+        measured.append((decision.final_replicas, state.services["decode"].startup_s_observed))
+    assert measured == [(4, 60.0), (8, 60.0)]

@@ -248,3 +248,37 @@ def test_the_drain_is_counted_at_the_served_prefill_rate_whatever_the_start_up(m
         return int(found[1])
 
     assert drain_s(1.0) == drain_s(60.0)
+
+
+DECODES_2 = RoleLoad(decode_requests=2.0 * 24, decode_kv_tokens=2.0 * 24 * 16_000)  # 2 decodes per engine now
+
+
+def test_a_shortfall_seen_with_decodes_running_adds_replicas(model: PerfModel) -> None:
+    # 2 % missed against a 99 % goal, today's share predicted at the decode batch the 24 engines run now.
+    assert agg24(model, DECODES_2, itl_attainment_frac=0.98, itl_samples_in_window=500) > 24
+
+
+def test_all_met_counts_as_a_quarter_of_the_budget_missed(model: PerfModel) -> None:
+    # Every request met its ITL: the release goes as far as with 0.25 % missed (a quarter of the 1 % budget).
+    released = agg24(model, DECODES_2, itl_attainment_frac=1.0, itl_samples_in_window=500)
+    assert released < 24
+    assert agg24(model, DECODES_2, itl_attainment_frac=0.9975, itl_samples_in_window=500) == released
+
+
+def test_a_capped_scale_up_reports_the_itl_of_its_count() -> None:
+    # An aggregated role judged by TTFT and ITL alone (no mixed steps): the backlog cap holds at 1, and the ITL
+    # reported is the 10 decodes' (1000 KV tokens each) at 1 replica: 1.1 x (8 + 1 + 1) = 11 ms.
+    out = recommend_sla(
+        Role.AGG,
+        1,
+        reconciled(Role.AGG, 1, prefill_requests=50.0),
+        RoleLoad(queued_prefill_tokens=100_000.0, decode_requests=10.0, decode_kv_tokens=10_000.0),
+        Traffic(request_rate_per_s=0.01, isl_tokens=2000.0, osl_tokens=100.0),
+        AnalyticPerf(),
+        SLA,
+        0.0,
+        64,
+        startup_s=60.0,
+    )
+    assert (out.replicas, out.reason) == (1, Reason.BACKLOG_DRAINS_BEFORE_STARTUP)
+    assert out.predicted_itl_ms == pytest.approx(11.0)
