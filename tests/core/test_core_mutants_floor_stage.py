@@ -9,9 +9,13 @@ The analytic predictor of tests/core/analytic_perf.py with the H200 engine's 204
 
 from __future__ import annotations
 
+import msgspec
+
 from planner.core import CoreConfig, CoreState, Mode, Reason, RoleLoad, SlaTargets, Stage, Traffic, step
 from planner.core.config import ForecastConfig, ForecastMethod
-from planner.core.floor_stage import FloorInputs, floor_within_model
+from planner.core.decision import StageResult
+from planner.core.floor_stage import FloorInputs, floor_within_model, forecast_floor
+from planner.core.forecast import ForecastState
 from planner.core.recommendation import Recommendation
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
@@ -93,3 +97,19 @@ def test_an_aggregated_roles_forecast_says_what_it_forecast_and_nothing_else() -
     assert stage is not None
     assert (stage.reason, stage.replicas) == (Reason.FORECAST_FLOOR, 3)
     assert stage.detail == "forecast 6.00 req/s in 60 s -> floor 3"
+
+
+def test_a_floor_the_model_agrees_with_is_the_forecast_floor() -> None:
+    # 60 prompts/s forecast (constant) at 15 per replica: a floor of 4 above the load's 2, and the model at 60
+    # prompts/s asks 4 as well (the first row above): the floor stands as the forecast's, not capped by the model.
+    rc = hpa_role(
+        mode=Mode.SLA,
+        sla=SlaTargets(ttft_ms=150.0, itl_ms=50.0),
+        forecast=ForecastConfig(method=ForecastMethod.CONSTANT, replica_capacity_rps=15.0),
+    )
+    traffic = Traffic(request_rate_per_s=60.0, isl_tokens=2000.0, osl_tokens=100.0)
+    at_rate = msgspec.structs.replace(inputs(0.0), rc=rc, traffic=traffic)
+    stages: list[StageResult] = []
+    value = forecast_floor(at_rate, 2, ForecastState(), 0.0, stages, [])[0]
+    assert value == 4
+    assert (stages[-1].reason, stages[-1].detail) == (Reason.FORECAST_FLOOR, "forecast 60.00 req/s in 60 s -> floor 4")
