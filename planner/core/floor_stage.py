@@ -28,6 +28,7 @@ from planner.core.forecast import (
     update_forecast,
 )
 from planner.core.observation import RoleLoad, Traffic
+from planner.core.observed_batch import at_rate
 from planner.core.recommend_role import recommend_role
 from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
@@ -63,7 +64,7 @@ def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -
         return None
     if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
         return None
-    at_forecast = msgspec.structs.replace(traffic, request_rate_per_s=predicted_rate)
+    at_forecast = at_rate(traffic, predicted_rate)  # the engines' batch is evidence at the rate they were seen at
     ask, _ = recommend_role(
         role,
         inputs.rc,

@@ -21,7 +21,7 @@ import msgspec
 from planner.core.forecast import RISE_SIGMAS
 from planner.core.observation import RoleLoad, Traffic
 
-__all__ = ["DEMAND_WINDOW_S", "RATE_NOISE_SD", "OutputDemand", "demonstrated_batch", "update_demand"]
+__all__ = ["DEMAND_WINDOW_S", "RATE_NOISE_SD", "OutputDemand", "at_rate", "demonstrated_batch", "update_demand"]
 
 RATE_NOISE_SD = RISE_SIGMAS  # a rate rise hidden in the window's Poisson count: the forecast's 3 standard deviations
 # The output-token demand's time constant: one cold start (60 s). Its 3-sigma counting margin at the ~10 req/s an
@@ -104,3 +104,22 @@ def demonstrated_batch(
     now = (load.decode_requests + load.queued_decode_requests) / engines
     batch = max(little, now)
     return batch if math.isfinite(batch) and batch <= max_num_seqs else None
+
+
+def at_rate(traffic: Traffic, rate_per_s: float) -> Traffic:
+    """The window's figures as a call at ``rate_per_s`` sees them (the forecast floor's call of the model at the
+    forecast rate): the rate replaced, and the observed TTFT / ITL attainment (what makes a batch demonstrated,
+    :func:`demonstrated_batch`) kept only while ``rate_per_s`` is within the window's rate plus :data:`RATE_NOISE_SD`
+    standard deviations of its Poisson request count (1 + 3 / sqrt(requests)): past it the engines were not seen
+    at that rate, and the model's answer stands alone."""
+    observed, requests = traffic.request_rate_per_s, traffic.requests_in_window or 0
+    at = msgspec.structs.replace(traffic, request_rate_per_s=rate_per_s)
+    if observed is not None and requests > 0 and rate_per_s <= observed * (1.0 + RATE_NOISE_SD / math.sqrt(requests)):
+        return at
+    return msgspec.structs.replace(
+        at,
+        ttft_attainment_frac=None,
+        itl_attainment_frac=None,
+        ttft_samples_in_window=None,
+        itl_samples_in_window=None,
+    )
