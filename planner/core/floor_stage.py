@@ -97,7 +97,7 @@ def model_count_at_level(inputs: FloorInputs, level_per_s: float) -> int | None:
         inputs.current,
         inputs.recon,
         inputs.load,
-        msgspec.structs.replace(traffic, request_rate_per_s=level_per_s),
+        at_rate(traffic, level_per_s),  # the engines' batch is evidence at the rate they were seen at
         inputs.predictor,
         inputs.corrections,
         inputs.startup_s,

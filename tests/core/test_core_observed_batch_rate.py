@@ -14,7 +14,7 @@ import pytest
 from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
 from planner.core import Mode, RoleLoad, SlaTargets, Traffic
-from planner.core.floor_stage import FloorInputs, floor_within_model
+from planner.core.floor_stage import FloorInputs, floor_within_model, model_count_at_level
 from planner.core.observed_batch import RATE_NOISE_SD, at_rate, demonstrated_batch
 from planner.core.recommend import recommend_sla
 from planner.discovery import Role
@@ -103,3 +103,11 @@ def test_a_forecast_within_the_noise_of_the_rate_seen_keeps_the_override(decode_
     # the model alone refuses 2 at 140: it is the observation that keeps it
     alone = msgspec.structs.replace(inputs, traffic=msgspec.structs.replace(seen, itl_attainment_frac=None))
     assert floor_within_model(alone, 2, 140.0) == 3
+
+
+def test_the_steady_rates_count_at_holts_level_reads_the_observation_alike(decode_model: PerfModel) -> None:
+    """The steady-rate check asks the model at Holt's level: a level within the window's noise keeps the batch the
+    engines show (2), one past it does not (3 at 128 req/s, the model's batch at 2 past max_num_seqs)."""
+    inputs = floor_inputs(decode_model)
+    assert model_count_at_level(inputs, 80.0) == 2
+    assert model_count_at_level(inputs, 128.0) == 3
