@@ -17,7 +17,7 @@ from planner.core.config import CoreConfig, RoleConfig
 from planner.core.decision import Mode, Reason, Stage, StageResult
 from planner.core.feedback import update_feedback
 from planner.core.floor_stage import FloorInputs, forecast_floor
-from planner.core.newcomers import newcomer_hold, only_newcomers_silent, update_reported
+from planner.core.newcomers import newcomer_count, newcomer_hold, only_newcomers_silent, update_reported
 from planner.core.observation import Observation, RoleLoad, Traffic
 from planner.core.observed_batch import update_demand
 from planner.core.prompt_spread import service_cv2, update_log_var
@@ -208,6 +208,8 @@ def draft_service(
     down_window_s = scale_down_window_s(rc, sstate, now)
     hold = gap_hold(rc, sstate, now)
     keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s, hold[0] if hold is not None else 0.0)
+    if sstate.first_report_at is not None:  # the new replicas' hold looks back one window before their first report
+        keep_recs_s = max(keep_recs_s, min(now - sstate.first_report_at, down_window_s) + down_window_s)
     recommendations = (*prune(sstate.recommendations, now, keep_recs_s), (now, value))
     if held_value is None or held_value >= value:
         checked = value
@@ -249,20 +251,27 @@ def draft_service(
     reported, first_report = update_reported(coverage, workers, sstate.reported_workers)
     first_report_at = now if first_report else sstate.first_report_at
     since = next_coverage_since(coverage, sstate.coverage_complete_since, now, newcomers_only)
+    safety = StageResult(stage=Stage.SAFETY, replicas=value)
     if value < current:
         allowed, why, detail = coverage_gate(coverage, since, started_at, now, down_window_s)
         if allowed:
             newcomers_held, detail = newcomer_hold(first_report_at, now, down_window_s)
-            if newcomers_held:
-                allowed, why = False, (Reason.NEW_REPLICAS_HELD, Reason.SCALE_DOWN_BLOCKED)
+            if newcomers_held and first_report_at is not None:
+                count = newcomer_count(checked_recommendations, first_report_at, down_window_s, value, current)
+                if count >= current:
+                    allowed, why = False, (Reason.NEW_REPLICAS_HELD, Reason.SCALE_DOWN_BLOCKED)
+                elif count > value:
+                    detail += f": held at {count}, the highest recommendation with its trend checked"
+                    safety = StageResult(
+                        stage=Stage.SAFETY, replicas=count, reason=Reason.NEW_REPLICAS_HELD, detail=detail
+                    )
+                    reasons.append(Reason.NEW_REPLICAS_HELD)
+                    value = count
         if not allowed:
-            stages.append(StageResult(stage=Stage.SAFETY, replicas=current, reason=why[0], detail=detail))
+            safety = StageResult(stage=Stage.SAFETY, replicas=current, reason=why[0], detail=detail)
             reasons.extend(why)
             value = current
-        else:
-            stages.append(StageResult(stage=Stage.SAFETY, replicas=value))
-    else:
-        stages.append(StageResult(stage=Stage.SAFETY, replicas=value))
+    stages.append(safety)
 
     # in flight
     in_flight = deployment is not None and deployment.in_flight

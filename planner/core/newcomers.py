@@ -4,7 +4,11 @@ A replica that turns ready has not reported yet: its first FPM comes a tick or s
 replica has reported, the safety gate already holds any scale-down (coverage is not complete now). Once the last
 new replica has reported, the count it completes is held for ``hold_s`` (the scale-down window) from that first
 report (``new_replicas_held``): the load it sees was measured on a fleet that did not have those replicas, and a
-count is only released on a window of data from the count itself. Whether the first report lands on the tick the
+count is only released on a window of data from the count itself. What is held is the count the recommendations
+asked for with their forecast trends checked against what came (:func:`newcomer_count`: the highest checked
+recommendation from one window before that first report until now, the one that bought the replicas included),
+not the whole count: a forecast floor's peak at a new high that the rates did not confirm had its own window
+(the scale-down window held it) and is not held a second time here. Whether the first report lands on the tick the
 replica turns ready or one tick later (a timing accident of the publisher) no longer changes the decision.
 
 The sustained-coverage clock (:mod:`planner.core.safety`) is therefore not restarted by a replica that has never
@@ -24,7 +28,7 @@ from operator import attrgetter
 from planner.core.decision import Coverage, Reason, WorkerStatus
 from planner.discovery import WorkerRecord
 
-__all__ = ["newcomer_hold", "only_newcomers_silent", "update_reported"]
+__all__ = ["newcomer_count", "newcomer_hold", "only_newcomers_silent", "update_reported"]
 
 _WORKER_ID = attrgetter("worker_id")
 
@@ -60,3 +64,13 @@ def newcomer_hold(first_report_at: float | None, now: float, hold_s: float) -> t
         f"the newest replica first reported {since_s:g} s ago; the count is held for {hold_s:g} s of data"
         " from the count itself"
     )
+
+
+def newcomer_count(
+    checked: Sequence[tuple[float, int]], first_report_at: float, window_s: float, value: int, current: int
+) -> int:
+    """The count the hold keeps: the highest checked recommendation (a forecast floor's trend scaled by its checked
+    gain) from one window before the newest replica's first report until now, at least ``value``, at most
+    ``current``."""
+    top = max((count for at, count in checked if at > first_report_at - window_s), default=value)
+    return min(max(value, top), current)
