@@ -164,6 +164,12 @@ def draft_service(
             )[0]
             value = corrected.replicas
             held = held or corrected.reason == Reason.SLA_UNREACHABLE
+            if corrected.itl_floor_ms is not None:  # planner.core.latency_floor
+                feedback = msgspec.structs.replace(
+                    feedback,
+                    detail=f"{feedback.detail}; ITL tightening over the limit above the model's"
+                    f" {corrected.itl_floor_ms:.1f} ms floor",
+                )
         if feedback.wound and value > max(current, rec.replicas):  # planner.core.windup: hold the count it has
             value = max(current, rec.replicas)
             feedback = msgspec.structs.replace(

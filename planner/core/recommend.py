@@ -26,6 +26,7 @@ from planner.core.agg_latency import AggLatency, mdl_queue_requests, predict_agg
 from planner.core.backlog import backlog_cap, served_prefill_tokens_per_s
 from planner.core.config import SlaTargets
 from planner.core.decision import Mode, Reason
+from planner.core.latency_floor import corrected_limit_ms
 from planner.core.observation import RoleLoad, Traffic
 from planner.core.observed_batch import OutputDemand, demonstrated_batch
 from planner.core.recommendation import MAX_SEARCH_REPLICAS, Recommendation
@@ -122,9 +123,8 @@ def recommend_sla(
     check_itl = role in (Role.DECODE, Role.AGG)
     # The closed loop's corrections (planner.core.feedback) add to the configured headroom; the total stays < 0.95.
     ttft_headroom = min(headroom_frac + ttft_correction_frac, _MAX_HEADROOM)
-    itl_headroom = min(
-        (headroom_frac if itl_headroom_frac is None else itl_headroom_frac) + itl_correction_frac, _MAX_HEADROOM
-    )
+    itl_base_frac = headroom_frac if itl_headroom_frac is None else itl_headroom_frac
+    itl_headroom = min(itl_base_frac + itl_correction_frac, _MAX_HEADROOM)
     ttft_limit = sla.ttft_ms * (1.0 - ttft_headroom)
     itl_limit = sla.itl_ms * (1.0 - itl_headroom)
     # The KV each decoding request holds; a request count below one (a sub-normal override: 1 token over 5e-324
@@ -145,6 +145,17 @@ def recommend_sla(
     mixed = predictor if role is Role.AGG and isinstance(predictor, StepPredictor) else None
     if mixed is not None and load.decode_requests <= 0:
         kv_per_request = isl + (osl or 0.0) / 2.0
+    # A tightening of the ITL limit is taken over the span above the model's floor, one sequence decoding alone
+    # (planner.core.latency_floor): no count goes below it.
+    itl_floor_ms: float | None = None
+    if check_itl and itl_headroom - itl_base_frac > 0:
+        itl_floor_ms = (
+            mixed.predict_step_ms(0.0, 0.0, 1.0, kv_per_request)
+            if mixed is not None
+            else predictor.predict_itl_ms(1.0, kv_per_request)
+        ).upper_ms
+        itl_limit = corrected_limit_ms(sla.itl_ms, itl_base_frac, itl_headroom - itl_base_frac, itl_floor_ms)
+    floor_scaled = itl_floor_ms is not None and itl_limit != sla.itl_ms * (1.0 - itl_headroom)
     # The queue's drain is counted at the lower of two prefill throughputs: one full chunk alone, and (aggregated
     # engines with a step model) the prompts an engine prefills per second with its decodes riding along and each
     # chunk attending to the earlier ones, at the prompt length the engines hold now -- long prompts take
@@ -409,6 +420,8 @@ def recommend_sla(
         parts.append(f"TTFT {ttft:.1f} ms <= {ttft_limit:.1f}")
     if itl is not None:
         parts.append(f"ITL {itl:.1f} ms <= {itl_limit:.1f}")
+        if floor_scaled:
+            parts.append(f"the ITL correction taken over the limit above the model's {itl_floor_ms:.1f} ms floor")
     if queue_cv2 > 0 and ttft is not None and rate:
         parts.append(f"queue wait x{1.0 + queue_cv2:.2f} for the prompts' spread (CV^2 {queue_cv2:.2f})")
     if n > 1 and mixed is None and check_itl and rate and osl and n - 1 not in batch_limited:
@@ -434,6 +447,7 @@ def recommend_sla(
         predicted_ttft_ms=_finite(ttft),
         predicted_itl_ms=_finite(itl),
         arrivals_replicas=arrivals,
+        itl_floor_ms=itl_floor_ms if floor_scaled else None,
     )
 
 

@@ -21,3 +21,6 @@ class Recommendation(msgspec.Struct, frozen=True, kw_only=True):
     predicted_itl_ms: float | None = None
     # SLA mode, on a scale-up: the fewest replicas the arrivals alone need (no backlog); None when not computed.
     arrivals_replicas: int | None = None
+    # SLA mode: the model's ITL floor (one sequence decoding alone) when the closed loop's ITL tightening was taken
+    # over the limit above it (planner.core.latency_floor); None otherwise.
+    itl_floor_ms: float | None = None
