@@ -8,8 +8,9 @@ on). A bounded integral correction per target turns the gap to the goal into hea
                                                               relax_gain_ratio of the gain)
 
 added to the configured headroom, so the TTFT / ITL limit recommend checks is ``target x (1 - headroom -
-correction)``: a shortfall tightens the limit (more replicas), an attainment above the goal slowly relaxes it
-(fewer). Anti-windup: the correction stays in ``[-max_relax_frac, max_tighten_frac]``, and it does not tighten
+correction)`` (an ITL tightening scaled to the span above the model's floor, planner.core.latency_floor): a
+shortfall tightens the limit (more replicas), an attainment above the goal slowly relaxes it (fewer).
+Anti-windup: the correction stays in ``[-max_relax_frac, max_tighten_frac]``, and it does not tighten
 while the capacity it would ask for cannot come (an action in flight, or the last decision capped below its
 recommendation) and for one attainment window after an action in flight settled: a window still full of
 misses from before the capacity arrived must not wind it up. Nor while the requests reported in the window that
