@@ -3,7 +3,8 @@ endpoints exactly as the subscriber would, and deployment statuses. No fakes of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.core import (
@@ -14,8 +15,10 @@ from planner.core import (
     ForecastConfig,
     ForecastMethod,
     Observation,
+    Reason,
     RoleConfig,
     RoleLoad,
+    Stage,
     Traffic,
     step,
 )
@@ -29,7 +32,7 @@ from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequest
 # the measured H200 engine profile the core tests bootstrap their perf models from
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
-__all__ = ["Fleet", "Load", "hpa_config", "hpa_role", "reconciled"]
+__all__ = ["Fleet", "Load", "Run", "hpa_config", "hpa_role", "reconciled"]
 
 
 def hpa_role(**kw: object) -> RoleConfig:
@@ -129,6 +132,17 @@ class Load:
 
 
 IDLE = Load()
+
+
+@dataclass
+class Run:
+    """Per tick of :meth:`Fleet.drive`: the final count, the load's count (the recommend stage), the reasons and the
+    forecast stage's detail ("" without one)."""
+
+    counts: list[int] = field(default_factory=list)
+    loads: list[int] = field(default_factory=list)
+    reasons: list[tuple[Reason, ...]] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
 
 
 class Fleet:
@@ -260,6 +274,34 @@ class Fleet:
         """One decision tick; the decisions by service. (Applying them is the caller's business.)"""
         state, decisions = step(state, self.observe(now, traffic), now, config, **kwargs)  # type: ignore[arg-type]
         return state, {d.service: d for d in decisions}
+
+    def drive(
+        self,
+        config: CoreConfig,
+        service: str,
+        traffics: Sequence[Mapping[Role, Traffic]],
+        load: Load,
+        *,
+        tick_s: float = 5.0,
+        **kwargs: object,
+    ) -> Run:
+        """Tick every ``tick_s`` from 0 with each traffic in turn, every worker publishing ``load``, and settle
+        ``service``'s decision each tick (:meth:`apply`); what each tick decided."""
+        state, run = CoreState(), Run()
+        for tick, traffic in enumerate(traffics):
+            now = tick_s * tick
+            self.publish_all(now, load)
+            state, decisions = self.tick(state, now, config, traffic, **kwargs)
+            decision = decisions[service]
+            self.apply(decision)
+            recommend = decision.stage(Stage.RECOMMEND)
+            assert recommend is not None
+            run.counts.append(decision.final_replicas)
+            run.loads.append(recommend.replicas)
+            run.reasons.append(decision.reasons)
+            forecast = decision.stage(Stage.FORECAST)
+            run.details.append(forecast.detail if forecast is not None else "")
+        return run
 
     def apply(self, decision: Decision) -> None:
         """Settle a decision instantly: the deployment's desired and ready counts become the final count, and

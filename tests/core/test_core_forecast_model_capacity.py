@@ -12,14 +12,12 @@ import re
 from perf_model.model import PerfModel
 from planner.core import (
     CoreConfig,
-    CoreState,
     ForecastConfig,
     ForecastMethod,
     Mode,
     Reason,
     RoleConfig,
     SlaTargets,
-    Stage,
     Traffic,
 )
 from planner.discovery import Role
@@ -46,31 +44,9 @@ def _run(
     fleet.add_many(start, Role.PREFILL)
     fleet.deploy("prefill", start)
     config = _config()
-    state = CoreState()
-    counts: list[int] = []
-    loads: list[int] = []
-    reasons: list[tuple[Reason, ...]] = []
-    details: list[str] = []
-    for tick, rate in enumerate(rates):
-        now = 5.0 * tick
-        fleet.publish_all(now, Load(prefill=1))
-        state, decisions = fleet.tick(
-            state,
-            now,
-            config,
-            {Role.PREFILL: Traffic(request_rate_per_s=rate, isl_tokens=isl, osl_tokens=150.0)},
-            predictors={Role.PREFILL: prefill_model},
-        )
-        decision = decisions["prefill"]
-        fleet.apply(decision)
-        recommend = decision.stage(Stage.RECOMMEND)
-        assert recommend is not None
-        counts.append(decision.final_replicas)
-        loads.append(recommend.replicas)
-        reasons.append(decision.reasons)
-        forecast = decision.stage(Stage.FORECAST)
-        details.append(forecast.detail if forecast is not None else "")
-    return counts, loads, reasons, details
+    traffics = [{Role.PREFILL: Traffic(request_rate_per_s=rate, isl_tokens=isl, osl_tokens=150.0)} for rate in rates]
+    run = fleet.drive(config, "prefill", traffics, Load(prefill=1), predictors={Role.PREFILL: prefill_model})
+    return run.counts, run.loads, run.reasons, run.details
 
 
 def _noisy(rate: float, ticks: int) -> list[float]:

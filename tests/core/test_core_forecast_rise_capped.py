@@ -12,14 +12,12 @@ import pytest
 from perf_model.model import PerfModel
 from planner.core import (
     CoreConfig,
-    CoreState,
     ForecastConfig,
     ForecastMethod,
     Mode,
     Reason,
     RoleConfig,
     SlaTargets,
-    Stage,
     Traffic,
 )
 from planner.core.forecast import ForecastState, rise_capped_rate, update_forecast
@@ -46,27 +44,11 @@ def _run(
             )
         }
     )
-    state = CoreState()
-    counts: list[int] = []
-    reasons: list[tuple[Reason, ...]] = []
-    details: list[str] = []
-    for tick, rate in enumerate(rates):
-        now = 5.0 * tick
-        fleet.publish_all(now, Load(prefill=1) if role is Role.PREFILL else Load())
-        state, decisions = fleet.tick(
-            state,
-            now,
-            config,
-            {role: Traffic(request_rate_per_s=rate, isl_tokens=1000.0, osl_tokens=150.0)},
-            predictors={role: prefill_model} if role is Role.PREFILL else None,
-        )
-        decision = decisions[name]
-        fleet.apply(decision)
-        counts.append(decision.final_replicas)
-        reasons.append(decision.reasons)
-        forecast = decision.stage(Stage.FORECAST)
-        details.append(forecast.detail if forecast is not None else "")
-    return counts, reasons, details
+    traffics = [{role: Traffic(request_rate_per_s=rate, isl_tokens=1000.0, osl_tokens=150.0)} for rate in rates]
+    load = Load(prefill=1) if role is Role.PREFILL else Load()
+    predictors = {role: prefill_model} if role is Role.PREFILL else None
+    run = fleet.drive(config, name, traffics, load, predictors=predictors)
+    return run.counts, run.reasons, run.details
 
 
 _FORECAST = re.compile(r"^forecast ([\d.]+) req/s in 60 s")

@@ -17,14 +17,12 @@ from perf_model.model import PerfModel
 from perf_model.step_timer import ProfileStepTimer
 from planner.core import (
     CoreConfig,
-    CoreState,
     ForecastConfig,
     ForecastMethod,
     Mode,
     Reason,
     RoleConfig,
     SlaTargets,
-    Stage,
     Traffic,
 )
 from planner.discovery import Role
@@ -62,31 +60,10 @@ def _run(
             )
         }
     )
-    state = CoreState()
-    counts: list[int] = []
-    loads: list[int] = []
-    reasons: list[tuple[Reason, ...]] = []
-    details: list[str] = []
-    for tick, rate in enumerate(rates):
-        now = 5.0 * tick
-        fleet.publish_all(now, Load(prefill=1, decode=decodes, kv=decodes * 1290))
-        state, decisions = fleet.tick(
-            state,
-            now,
-            config,
-            {Role.AGG: Traffic(request_rate_per_s=rate, isl_tokens=1200.0, osl_tokens=180.0)},
-            predictors={Role.AGG: model},
-        )
-        decision = decisions["agg"]
-        fleet.apply(decision)
-        recommend = decision.stage(Stage.RECOMMEND)
-        assert recommend is not None
-        counts.append(decision.final_replicas)
-        loads.append(recommend.replicas)
-        reasons.append(decision.reasons)
-        forecast = decision.stage(Stage.FORECAST)
-        details.append(forecast.detail if forecast is not None else "")
-    return counts, loads, reasons, details
+    traffics = [{Role.AGG: Traffic(request_rate_per_s=rate, isl_tokens=1200.0, osl_tokens=180.0)} for rate in rates]
+    load = Load(prefill=1, decode=decodes, kv=decodes * 1290)
+    run = fleet.drive(config, "agg", traffics, load, predictors={Role.AGG: model})
+    return run.counts, run.loads, run.reasons, run.details
 
 
 def test_a_steady_rate_is_not_raised_past_the_models_count_at_its_level(agg_model: PerfModel) -> None:
