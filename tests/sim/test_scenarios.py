@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from planner.cli import main
 from planner.errors import ConfigError
 from planner.sim.scenarios import SCENARIOS, scenario_trace
 
-EXPECTED = {"surge_from_idle", "diurnal_ramp", "flash_crowd", "prompt_shift", "output_shift", "slow_drift"}
+EXPECTED = {"surge_from_idle", "diurnal_ramp", "flash_crowd", "prompt_shift", "output_shift", "slow_drift", "bursty"}
 
 
 def _rate(trace_arrivals: np.ndarray, lo: float, hi: float) -> float:
@@ -69,6 +70,32 @@ def test_slow_drift_grows_the_rate_and_the_prompts() -> None:
     first, last = t.arrival_s < 600.0, t.arrival_s > 3000.0
     assert _rate(t.arrival_s, 0.0, 600.0) < 0.6 * _rate(t.arrival_s, 3000.0, 3600.0)
     assert np.median(t.isl[first]) < 0.7 * np.median(t.isl[last])
+
+
+def _dispersion_per_10_s(arrival_s: np.ndarray) -> tuple[float, int]:
+    """Index of dispersion (variance / mean) of the request counts in whole 10 s bins, and the number of bins."""
+    bins = int(arrival_s[-1] // 10.0)
+    counts = np.bincount((arrival_s[arrival_s < 10.0 * bins] // 10.0).astype(np.int64), minlength=bins)
+    return float(counts.var(ddof=1) / counts.mean()), bins
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bursty_is_burstier_than_poisson_and_a_constant_rate_scenario_is_not(seed: int) -> None:
+    # For a Poisson process at a constant rate, (n - 1) * dispersion over n bins is about chi-square with n - 1
+    # degrees of freedom: the dispersion is 1 with standard deviation sqrt(2 / (n - 1)). Six of those either side.
+    bursty, n = _dispersion_per_10_s(scenario_trace("bursty", seed=seed).arrival_s)
+    margin = 6.0 * math.sqrt(2.0 / (n - 1))
+    assert n >= 150 and bursty > 1.0 + margin
+    steady, m = _dispersion_per_10_s(scenario_trace("prompt_shift", seed=seed).arrival_s)  # 20 req/s throughout
+    assert abs(steady - 1.0) < 6.0 * math.sqrt(2.0 / (m - 1))
+
+
+def test_bursty_sits_at_its_base_rate_between_bursts_four_times_it_in_one() -> None:
+    t = scenario_trace("bursty", seed=5)
+    bins = int(t.arrival_s[-1] // 10.0)
+    counts = np.bincount((t.arrival_s[t.arrival_s < 10.0 * bins] // 10.0).astype(np.int64), minlength=bins)
+    assert 100 <= np.median(counts) <= 140  # 12 req/s most of the time (bursts are about a fifth of it)
+    assert 400 <= np.percentile(counts, 97) <= 560  # 48 req/s inside a burst
 
 
 def test_an_unknown_scenario_is_refused_with_the_known_names() -> None:
