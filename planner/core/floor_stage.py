@@ -209,29 +209,20 @@ def forecast_floor(
             detail = f"forecast {predicted_rate:.2f} req/s in {fc.horizon_s:g} s{rise_note} -> floor {floor}"
             noise = noise_floor(fstate, fc, floor, value, capacity, rc.traffic_window_s)
             steady = None if held else steady_floor(inputs, fstate, fc, floor, value, capacity)
-            damped = damped_floor(fstate, fc, floor, value, capacity) if noise is None and steady is None else None
-            if steady is not None:
-                floor, steady_detail = steady
+            within = steady or noise  # the steady rate's model check first, then the trend within the noise
+            damped = damped_floor(fstate, fc, floor, value, capacity) if within is None else None
+            if within is not None:
+                floor, within_detail = within
                 value = add_stage(
                     stages,
                     reasons,
                     Stage.FORECAST,
                     Clamped(
                         replicas=max(floor, value),
-                        reason=Reason.FORECAST_STEADY_WITHIN_MODEL,
-                        detail=f"{detail}; {steady_detail}",
-                    ),
-                )
-            elif noise is not None:
-                floor, noise_detail = noise
-                value = add_stage(
-                    stages,
-                    reasons,
-                    Stage.FORECAST,
-                    Clamped(
-                        replicas=max(floor, value),
-                        reason=Reason.FORECAST_TREND_WITHIN_NOISE,
-                        detail=f"{detail}; {noise_detail}",
+                        reason=Reason.FORECAST_STEADY_WITHIN_MODEL
+                        if steady is not None
+                        else Reason.FORECAST_TREND_WITHIN_NOISE,
+                        detail=f"{detail}; {within_detail}",
                     ),
                 )
             elif damped is not None:
