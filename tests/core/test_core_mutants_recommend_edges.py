@@ -1,7 +1,7 @@
 """Rows for planner/core/recommend.py's survivors of the 1-in-10 sample after 5bb0a07 and dffeea5 renumbered it
 (docs/testing.md, mutation testing): what a backlog-capped answer reports as its mode, a prompt spread that is not
-a number, engines that report no ``max_num_seqs``, and the ITL floor of an aggregated engine. Each fails on the
-mutant it was written for."""
+a number, engines that report no ``max_num_seqs``, the ITL floor of an aggregated engine, and the ITL tail's scale
+on replicas of several ranks. Each fails on the mutant it was written for."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from planner.core.recommend import recommend_sla
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
 from tests.core.fleetkit import H200_PROFILE, Load, reconciled
+from tests.core.test_core_mutants_recommend_sla import MOONCAKE
 from tests.core.test_core_rows_threshold import reconciled as reconciled_load
 
 PREFILL_SLA = SlaTargets(ttft_ms=500.0, itl_ms=50.0)
@@ -89,3 +90,19 @@ def test_an_aggregated_engines_itl_floor_is_one_sequence_decoding_alone() -> Non
     assert out.itl_floor_ms is not None
     assert out.itl_floor_ms == model.predict_itl_ms(1.0, 1500.0).upper_ms
     assert out.itl_floor_ms < model.predict_step_ms(1.0, 0.0, 1.0, 1500.0).upper_ms  # a prefill token costs time
+
+
+def test_the_itl_tails_scale_is_taken_per_engine_on_replicas_of_several_ranks() -> None:
+    """The Mooncake-like traffic of test_core_mutants_recommend_sla on 24 aggregated engines, as 24 replicas of
+    one rank or 12 of two: the tail's scale is taken at today's per-engine rate (the rate over every rank), so the
+    two fleets ask the same engines, in replicas of their size (a shortfall of 2 %: 32 engines; all met: 16)."""
+    model = PerfModel(Role.AGG, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE))
+    load = RoleLoad(decode_requests=2.0 * 24, decode_kv_tokens=2.0 * 24 * 16_000)  # 2 decodes per engine now
+
+    def ask(replicas: int, dp: int, attainment: float) -> int:
+        rec = msgspec.structs.replace(reconciled(Role.AGG, replicas * dp, prefill_requests=96.0), dp_per_replica=dp)
+        traffic = Traffic(**MOONCAKE, itl_attainment_frac=attainment, itl_samples_in_window=500)  # type: ignore[arg-type]
+        return recommend_sla(Role.AGG, replicas, rec, load, traffic, model, DECODE_SLA, 0.0, 256).replicas
+
+    assert (ask(24, 1, 0.98), ask(12, 2, 0.98)) == (32, 16)
+    assert (ask(24, 1, 1.0), ask(12, 2, 1.0)) == (16, 8)
