@@ -1,7 +1,7 @@
 """Rows for planner/core/recommend.py's survivors of the 1-in-10 sample after 5bb0a07 and dffeea5 renumbered it
 (docs/testing.md, mutation testing): what a backlog-capped answer reports as its mode, a prompt spread that is not
-a number, engines that report no ``max_num_seqs``, the ITL floor of an aggregated engine, and the ITL tail's scale
-on replicas of several ranks. Each fails on the mutant it was written for."""
+a number, engines that report no ``max_num_seqs``, the ITL floor of an aggregated engine, the ITL tail's scale
+on replicas of several ranks, and a floor at the limit. Each fails on the mutant it was written for."""
 
 from __future__ import annotations
 
@@ -106,3 +106,15 @@ def test_the_itl_tails_scale_is_taken_per_engine_on_replicas_of_several_ranks() 
 
     assert (ask(24, 1, 0.98), ask(12, 2, 0.98)) == (32, 16)
     assert (ask(24, 1, 1.0), ask(12, 2, 1.0)) == (16, 8)
+
+
+def test_a_tightening_over_a_floor_at_the_limit_names_no_floor() -> None:
+    """A floor at or above the configured limit leaves a tightening as before (planner.core.latency_floor): one
+    sequence of 20,000 KV tokens decodes in 30 + 20 = 50 ms, the whole 50 ms limit, so a +0.2 correction asks
+    40 ms of the target as without a floor. One request spread over 2 engines (10,000 KV tokens each: 40 ms)
+    meets it; the answer names no floor and carries none (the closed loop's detail says nothing of one)."""
+    rec = reconciled_load(Role.DECODE, 4, Load(decode=1, kv=20_000))
+    perf = AnalyticPerf(decode_base_ms=30.0, decode_ms_per_request=0.0, decode_ms_per_kv_token=0.001, band_frac=0.0)
+    out = recommend_sla(Role.DECODE, 4, rec, rec.load, None, perf, DECODE_SLA, 0.0, 64, itl_correction_frac=0.2)
+    assert (out.replicas, out.reason, out.itl_floor_ms) == (2, Reason.SLA_ALLOWS_FEWER, None)
+    assert out.detail == "2 replicas: ITL 40.0 ms <= 40.0"
