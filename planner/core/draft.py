@@ -24,6 +24,7 @@ from planner.core.prompt_spread import service_cv2, update_log_var
 from planner.core.recommend_role import recommend_role
 from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
+from planner.core.refuted import counted, refuted_note, track_peaks
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
 from planner.core.startup import (
     effective_startup_s,
@@ -182,6 +183,7 @@ def draft_service(
             Clamped(replicas=value, reason=feedback.reason, detail=f"{feedback.detail} -> {value} replicas"),
         )
 
+    load_value = value
     # forecast floor (planner.core.floor_stage)
     value, fstate, predicted_rate, held_value = forecast_floor(
         FloorInputs(
@@ -222,6 +224,12 @@ def draft_service(
     else:
         checked = apply_bounds(held_value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds).replicas
     checked_recommendations = (*prune(sstate.checked_recommendations, now, keep_recs_s), (now, checked))
+    # a floor's peak the rates refuted counts at the load's count + 1 in the holds (planner.core.refuted)
+    came = apply_bounds(load_value + 1, rc.min_replicas, rc.max_replicas, rc.actuator_bounds).replicas
+    rate_seen = traffic.request_rate_per_s if traffic is not None else None
+    peaks = track_peaks(sstate.floor_peaks, recommendations, now, value, came, rate_seen, rc.traffic_window_s)
+    held_recs = counted(recommendations, peaks)
+    held_checked = counted(checked_recommendations, peaks)
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
     events = sstate.scale_events
     if sstate.pending_scale is not None:
@@ -234,21 +242,15 @@ def draft_service(
     value = add_stage(
         stages, reasons, Stage.RATE_LIMIT, rate_limit(value, current, events, now, rc.scale_up, rc.scale_down)
     )
-    value = add_stage(
-        stages,
-        reasons,
-        Stage.STABILIZE,
-        stabilize(
-            value,
-            current,
-            recommendations,
-            now,
-            rc.scale_up.stabilization_window_s,
-            down_window_s,
-            gap_hold=hold,
-            held_recommendations=checked_recommendations,
-        ),
-    )
+    windows = (rc.scale_up.stabilization_window_s, down_window_s)
+    stabilized = stabilize(value, current, held_recs, now, *windows, gap_hold=hold, held_recommendations=held_checked)
+    if held_recs is not recommendations:
+        as_decided = stabilize(
+            value, current, recommendations, now, *windows, gap_hold=hold, held_recommendations=checked_recommendations
+        )
+        if as_decided.replicas > stabilized.replicas:
+            stabilized = refuted_note(stabilized, as_decided.replicas)
+    value = add_stage(stages, reasons, Stage.STABILIZE, stabilized)
 
     # safety: no scale-down on incomplete coverage, nor before a full window of it
     # and a count held on a window of data from the count itself once its newest replica reports
@@ -263,7 +265,7 @@ def draft_service(
         if allowed:
             newcomers_held, detail = newcomer_hold(first_report_at, now, down_window_s)
             if newcomers_held and first_report_at is not None:
-                count = newcomer_count(checked_recommendations, first_report_at, down_window_s, value, current)
+                count = newcomer_count(held_checked, first_report_at, down_window_s, value, current)
                 if count >= current:
                     allowed, why = False, (Reason.NEW_REPLICAS_HELD, Reason.SCALE_DOWN_BLOCKED)
                 elif count > value:
@@ -302,6 +304,7 @@ def draft_service(
     new_state = ServiceState(
         recommendations=recommendations,
         checked_recommendations=checked_recommendations,
+        floor_peaks=peaks,
         scale_events=events,
         coverage_complete_since=since,
         reported_workers=reported,

@@ -23,6 +23,10 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     # (at, the same recommendation with a forecast floor's trend scaled by its checked gain even at a new high):
     # what the hold across idle gaps looks back over.
     checked_recommendations: tuple[tuple[float, int], ...] = ()
+    # (at, request rate, the load's count + 1, refuted) of the recommendations a forecast floor raised above the load's
+    # count + 1: once the rate fell beyond the noise below the rate asked at, the holds count them at the load's count
+    # + 1 (planner.core.refuted).
+    floor_peaks: tuple[tuple[float, float, int, bool], ...] = ()
     # (at, replica change): scale actions the deployment took, what the rate-limit periods count.
     scale_events: tuple[tuple[float, int], ...] = ()
     # (at, from, to) of the last decision that asked for a change; it becomes a scale event once the deployment
