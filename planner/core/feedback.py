@@ -20,8 +20,10 @@ they queued on the engines up then, and no capacity decided now serves them (pro
 hold, a window of such misses wound the correction to its bound). Nor, within one start-up of the last action in
 flight settling, while the prefill queue falls fast enough to be gone within a start-up: the backlog that built
 before the capacity came drains on the capacity up, and the misses are its requests (queued, or decoding through
-its prompts' chunks). With no usable observation (unknown, or
-fewer than ``min_samples`` requests) it decays toward 0 with ``decay_s``.
+its prompts' chunks). Nor, for the ITL, while the window's requests may have decoded before the capacity came:
+the time since the last action in flight settled shorter than their decode lifetime, (OSL p99 - 1) x ITL p99
+(planner.core.stale_misses). With no usable observation (unknown, or fewer than ``min_samples`` requests) it
+decays toward 0 with ``decay_s``.
 
 A relaxed correction (negative) is a calibration measured on the requests it was earned on, and is not
 extrapolated beyond them: it remembers the range of work per request (prompt plus output tokens) of the windows
@@ -50,6 +52,7 @@ import msgspec
 from planner.core.config import SlaFeedbackConfig
 from planner.core.decision import Reason
 from planner.core.observation import Traffic
+from planner.core.stale_misses import itl_misses_may_predate
 from planner.core.windup import WindupTrack, update_windup
 
 __all__ = ["FeedbackState", "FeedbackUpdate", "RelaxRange", "request_work_tokens", "update_feedback"]
@@ -280,8 +283,15 @@ def update_feedback(
     ttft, ttft_how = _one(
         state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen or backlog_draining
     )
+    # ITL misses of requests that may have decoded before the capacity came (planner.core.stale_misses)
+    itl_stale_s = itl_misses_may_predate(t, None if in_flight or in_flight_at is None else now - in_flight_at)
     itl, itl_how = _one(
-        state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen or backlog_draining
+        state.itl_frac,
+        t.itl_attainment_frac,
+        t.itl_samples_in_window,
+        dt,
+        cfg,
+        frozen or backlog_draining or itl_stale_s is not None,
     )
     work = request_work_tokens(traffic)
     spread = 0.0 if work is None else _window_spread_tokens(t, work)
@@ -375,6 +385,11 @@ def update_feedback(
         detail += (
             f"; not tightening: the backlog left from before the capacity came drains in"
             f" {draining_s:.0f} s, within a start-up ({startup_s:.0f} s)"
+        )
+    if itl_stale_s is not None and itl_how == "frozen" and not (frozen or backlog_draining):
+        detail += (
+            f"; not tightening the ITL: the requests reported decoded up to {itl_stale_s:.0f} s ((OSL p99 - 1) x"
+            f" ITL p99), longer than the {now - (in_flight_at or now):.0f} s since the capacity came"
         )
     if frozen and "frozen" in hows:
         if in_flight or state.capped or (hold_until is not None and now < hold_until):
