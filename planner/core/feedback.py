@@ -21,9 +21,9 @@ hold, a window of such misses wound the correction to its bound). Nor, within on
 flight settling, while the prefill queue falls fast enough to be gone within a start-up: the backlog that built
 before the capacity came drains on the capacity up, and the misses are its requests (queued, or decoding through
 its prompts' chunks). Nor, for the ITL, while the window's requests may have decoded before the capacity came:
-the time since the last action in flight settled shorter than their decode lifetime, (OSL p99 - 1) x ITL p99
-(planner.core.stale_misses). With no usable observation (unknown, or fewer than ``min_samples`` requests) it
-decays toward 0 with ``decay_s``.
+the time since the last action in flight settled shorter than their decode lifetime, (OSL p99 - 1) x ITL p99,
+beyond taking back a relaxation (planner.core.stale_misses). With no usable observation (unknown, or fewer than
+``min_samples`` requests) it decays toward 0 with ``decay_s``.
 
 A relaxed correction (negative) is a calibration measured on the requests it was earned on, and is not
 extrapolated beyond them: it remembers the range of work per request (prompt plus output tokens) of the windows
@@ -283,16 +283,18 @@ def update_feedback(
     ttft, ttft_how = _one(
         state.ttft_frac, t.ttft_attainment_frac, t.ttft_samples_in_window, dt, cfg, frozen or backlog_draining
     )
-    # ITL misses of requests that may have decoded before the capacity came (planner.core.stale_misses)
+    # ITL misses of requests that may have decoded before the capacity came (planner.core.stale_misses) ...
     itl_stale_s = itl_misses_may_predate(t, None if in_flight or in_flight_at is None else now - in_flight_at)
     itl, itl_how = _one(
-        state.itl_frac,
-        t.itl_attainment_frac,
-        t.itl_samples_in_window,
-        dt,
-        cfg,
-        frozen or backlog_draining or itl_stale_s is not None,
+        state.itl_frac, t.itl_attainment_frac, t.itl_samples_in_window, dt, cfg, frozen or backlog_draining
     )
+    # ... they judge the count they ran at: they may take back a relaxation, not tighten past the model's own
+    stale_capped = itl_stale_s is not None and itl > max(state.itl_frac, 0.0)
+    if stale_capped:
+        itl = max(state.itl_frac, 0.0)
+        itl_how = "tighten" if itl > state.itl_frac else "frozen"
+    else:
+        itl_stale_s = None
     work = request_work_tokens(traffic)
     spread = 0.0 if work is None else _window_spread_tokens(t, work)
     ttft_on = _relaxed_range(
@@ -386,10 +388,10 @@ def update_feedback(
             f"; not tightening: the backlog left from before the capacity came drains in"
             f" {draining_s:.0f} s, within a start-up ({startup_s:.0f} s)"
         )
-    if itl_stale_s is not None and itl_how == "frozen" and not (frozen or backlog_draining):
+    if itl_stale_s is not None:
         detail += (
-            f"; not tightening the ITL: the requests reported decoded up to {itl_stale_s:.0f} s ((OSL p99 - 1) x"
-            f" ITL p99), longer than the {now - (in_flight_at or now):.0f} s since the capacity came"
+            f"; not tightening the ITL past the model's own: the requests reported decoded up to {itl_stale_s:.0f} s"
+            f" ((OSL p99 - 1) x ITL p99), longer than the {now - (in_flight_at or now):.0f} s since the capacity came"
         )
     if frozen and "frozen" in hows:
         if in_flight or state.capped or (hold_until is not None and now < hold_until):

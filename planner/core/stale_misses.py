@@ -14,8 +14,12 @@ per-request ITL it shows times the longest output it shows, ``(OSL p99 - 1) x IT
 then the mean / the p50, when a percentile is not known). The p99 because the loop judges the 1 % tail
 (``attainment_goal`` 0.99): a few stale requests are enough to be all of the shortfall it acts on. While the time
 since the last action in flight settled is shorter than that lifetime, the requests reported may have decoded
-before the capacity came, and the ITL correction does not tighten (``sla_feedback_frozen``, the detail says so);
-relaxing is never held, and the TTFT keeps its own rule (a TTFT longer than the time since,
+before the capacity came, and they judge the count they ran at, not the new one: the ITL correction may take back
+a relaxation on them (the model, relaxed, was optimistic at the old count: held-out ``slow_drift`` on the KV-bound
+profile, disaggregated, a decode fleet relaxed to -0.3 missed while the drifting load outgrew it, and ignoring those
+misses kept the relaxation, which released the count bought 100 s later and lost 1.7 points), but does not tighten
+past 0, the model's own (``sla_feedback_tightened`` up to 0, then ``sla_feedback_frozen``; the detail says so).
+Relaxing is never held, and the TTFT keeps its own rule (a TTFT longer than the time since,
 :mod:`planner.core.feedback`). The lifetime is read from each window, so the hold ends as soon as the slow requests
 have left it (their ITL p99 falls), and a real shortfall at the new count still tightens one lifetime after the
 capacity came: by then the window's requests decoded at the new count only.

@@ -51,19 +51,24 @@ def test_misses_of_requests_that_decoded_before_the_capacity_came_do_not_tighten
     """Held-out flash_crowd on the launch-bound profile, aggregated: the scale-up was in flight until 755 s; at
     775 s (past the one-window hold and the backlog's drain) 64.8 % of the window's requests met their ITL, the
     slowest at 98 ms a token with outputs up to 590 tokens (58 s of decode, against 20 s since the capacity came).
-    Before, that tightened the ITL correction -0.14 -> +0.37, then to its bound. Now it holds, and says why; a
-    relaxation still relaxes, and the TTFT is not held by it."""
+    Before, that tightened the ITL correction -0.14 -> +0.37, then to its bound. Now they only take back the
+    relaxation (they judge the count they ran at: the model relaxed was optimistic there), never past the model's
+    own (0), and say why; at 0 they hold; a relaxation still relaxes, and the TTFT is not held by it."""
     state = FeedbackState(itl_frac=-0.143, ttft_frac=0.01, last_at=750.0)
     state = update_feedback(state, _window(0.0, 102.0), 755.0, CFG, in_flight=True).state
-    state = update_feedback(state, _window(0.73, 102.0), 765.0, CFG, in_flight=False).state
+    state = update_feedback(state, _window(0.73, 102.0), 760.0, CFG, in_flight=False).state
     assert state.itl_frac == -0.143  # the one-window hold
     stale = update_feedback(state, _window(0.648, 98.0), 775.0, CFG, in_flight=False)
-    assert stale.state.itl_frac == -0.143
-    assert stale.reason == Reason.SLA_FEEDBACK_FROZEN
+    assert stale.state.itl_frac == 0.0
+    assert stale.reason == Reason.SLA_FEEDBACK_TIGHTENED
     assert (
-        "not tightening the ITL: the requests reported decoded up to 58 s ((OSL p99 - 1) x ITL p99), longer than"
-        " the 20 s since the capacity came" in stale.detail
+        "not tightening the ITL past the model's own: the requests reported decoded up to 58 s ((OSL p99 - 1) x ITL"
+        " p99), longer than the 20 s since the capacity came" in stale.detail
     )
+    held = update_feedback(stale.state, _window(0.737, 94.0), 780.0, CFG, in_flight=False)
+    assert held.state.itl_frac == 0.0 and held.reason == Reason.SLA_FEEDBACK_FROZEN
+    small = update_feedback(state, _window(0.98, 98.0), 775.0, CFG, in_flight=False)  # within the relaxation
+    assert -0.143 < small.state.itl_frac < 0.0 and "past the model's own" not in small.detail
     relaxed = update_feedback(state, _window(1.0, 98.0), 775.0, CFG, in_flight=False)
     assert relaxed.state.itl_frac < -0.143
     ttft = msgspec.structs.replace(_window(0.648, 98.0), ttft_attainment_frac=0.8, ttft_samples_in_window=500)
@@ -134,8 +139,9 @@ def _scaled_up_then_stale_windows() -> tuple[list[int], list[Decision]]:
 
 def test_a_scale_up_is_judged_on_requests_that_ran_at_it() -> None:
     """Before, the stale windows tightened the ITL correction to its bound (+0.6 over the span above the model's
-    8.9 ms floor: a 25.3 ms limit, 8 replicas); now the count bought (4) stays, the stage says why."""
+    8.9 ms floor: a 25.3 ms limit, 8 replicas); now the count bought (4, the model's own: no relaxation to take
+    back) stays, the stage says why."""
     counts, decisions = _scaled_up_then_stale_windows()
     assert counts[0] == 4 and max(counts) == 4
     frozen = [d.stage(Stage.SLA_FEEDBACK) for d in decisions]
-    assert any(s is not None and "not tightening the ITL" in s.detail for s in frozen)
+    assert any(s is not None and "not tightening the ITL past the model's own" in s.detail for s in frozen)
