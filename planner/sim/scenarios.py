@@ -15,11 +15,20 @@ these requests per second, so the peaks below need several replicas and the trou
 | ``output_shift`` | steady 20 req/s; outputs short (median 40 tokens) then long (median 600) from minute 15 |
 | ``slow_drift`` | rate from 10 to 40 req/s and prompt median from 800 to 2000 tokens, linearly over 60 min |
 | ``bursty`` | 12 req/s with 4x bursts (48 req/s) of random length (mean 60 s) every ~4 min (Markov-modulated) |
+| ``prefix_reuse`` | 40 sessions re-sending 8-16k-token histories (prefix-cache hits); 4 -> 16 -> 8 req/s, 15 min |
 
 A scenario with ``bursts`` is a Markov-modulated Poisson process: before the arrivals, the seed draws alternating
 off / on periods (exponential lengths, the first state drawn from the stationary odds) and the rate curve is
 multiplied by ``bursts.factor`` while a burst is on. Real traffic is burstier than a Poisson process with a smooth
 rate (the Azure traces are); ``bursty`` is for the held-out suite (docs/replay-heldout/), not the 32-run suite.
+
+A scenario with ``sessions`` has prefix reuse (``hash_ids``, the engines' prefix cache hits them): each request
+belongs to one of ``sessions.count`` sessions (drawn with Zipf popularity, weight ``1 / rank ** exponent``), and its
+prompt is that session's history (a fixed number of blocks per session, drawn per seed) followed by its own new
+tokens (log-normal around ``isl_median``), ``block_tokens`` per hash id as Mooncake's. Chat and agent traffic
+re-sends its history with every turn; the other scenarios' prompts share nothing. ``prefix_reuse`` is not in the
+32-run suite: it shows what the core's computed prefill share (planner.core.prefill_work) does when the engines'
+caches hold most of each prompt.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import numpy as np
 from planner.errors import ConfigError
 from planner.sim.traces import Trace
 
-__all__ = ["SCENARIOS", "Bursts", "Scenario", "scenario_trace"]
+__all__ = ["SCENARIOS", "Bursts", "Scenario", "Sessions", "scenario_trace"]
 
 Curve = Callable[[np.ndarray], np.ndarray]  # seconds -> value, vectorised
 
@@ -44,6 +53,16 @@ class Bursts(msgspec.Struct, frozen=True, kw_only=True):
     factor: float
     mean_on_s: float
     mean_off_s: float
+
+
+class Sessions(msgspec.Struct, frozen=True, kw_only=True):
+    """Prefix reuse: ``count`` sessions, each with a history of ``history_blocks`` (low, high inclusive) blocks of
+    ``block_tokens`` drawn per seed, chosen per request with weight ``1 / rank ** popularity_exponent``."""
+
+    count: int
+    history_blocks: tuple[int, int]
+    popularity_exponent: float = 0.8
+    block_tokens: int = 512
 
 
 class Scenario(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +78,7 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True):
     isl_sigma: float = 0.6
     osl_sigma: float = 0.6
     bursts: Bursts | None = None
+    sessions: Sessions | None = None  # with it, a prompt is its session's history + its own isl_median tokens
 
 
 def _const(value: float) -> Curve:
@@ -79,6 +99,10 @@ def _linear(start: float, end: float, duration_s: float) -> Curve:
 
 def _diurnal(low: float, high: float, duration_s: float) -> Curve:
     return lambda t: low + (high - low) * 0.5 * (1.0 - np.cos(2.0 * math.pi * t / duration_s))
+
+
+def _piecewise(times_s: tuple[float, ...], values: tuple[float, ...]) -> Curve:
+    return lambda t: np.interp(t, times_s, values)
 
 
 def _burst_windows(bursts: Bursts, duration_s: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -175,6 +199,16 @@ SCENARIOS: dict[str, Scenario] = {
             osl_median=_const(150.0),
             bursts=Bursts(factor=4.0, mean_on_s=60.0, mean_off_s=240.0),
         ),
+        Scenario(
+            name="prefix_reuse",
+            description="40 sessions re-sending 8-16k-token histories; 4 -> 16 req/s over 7.5 min, held, 8 by 15 min",
+            duration_s=900.0,
+            peak_rate_per_s=16.0,
+            rate=_piecewise((0.0, 450.0, 600.0, 900.0), (4.0, 16.0, 16.0, 8.0)),
+            isl_median=_const(1000.0),
+            osl_median=_const(150.0),
+            sessions=Sessions(count=40, history_blocks=(16, 31)),
+        ),
     )
 }
 
@@ -203,10 +237,41 @@ def scenario_trace(name: str, *, seed: int = 0) -> Trace:
         raise ConfigError(f"scenario {name!r} drew no requests with seed {seed}")
     isl = np.exp(np.log(scenario.isl_median(arrival)) + scenario.isl_sigma * rng.standard_normal(arrival.size))
     osl = np.exp(np.log(scenario.osl_median(arrival)) + scenario.osl_sigma * rng.standard_normal(arrival.size))
+    own = np.clip(np.rint(isl), 1, _MAX_ISL).astype(np.int64)
+    hash_ids: tuple[tuple[int, ...] | None, ...] = (None,) * int(arrival.size)
+    if scenario.sessions is not None:
+        own, hash_ids = _session_prompts(scenario.sessions, own, rng)
     return Trace(
         name=f"scenario:{name}",
         arrival_s=arrival - arrival[0],
-        isl=np.clip(np.rint(isl), 1, _MAX_ISL).astype(np.int64),
+        isl=own,
         osl=np.clip(np.rint(osl), 1, _MAX_OSL).astype(np.int64),
-        hash_ids=(None,) * int(arrival.size),
+        hash_ids=hash_ids,
     )
+
+
+def _session_prompts(
+    sessions: Sessions, own_tokens: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, tuple[tuple[int, ...], ...]]:
+    """Each request's prompt length and hash ids: its session's history blocks (ids ``session * stride + k``), then
+    its own tokens in blocks no other request has (ids from ``count * stride`` up), at most ``_MAX_ISL`` tokens."""
+    low, high = sessions.history_blocks
+    history = rng.integers(low, high + 1, sessions.count)
+    weight = 1.0 / np.arange(1, sessions.count + 1) ** sessions.popularity_exponent
+    chosen = rng.choice(sessions.count, size=own_tokens.size, p=weight / weight.sum())
+    block = sessions.block_tokens
+    stride = int(history.max()) + 1
+    fresh = sessions.count * stride
+    isl = np.empty(own_tokens.size, dtype=np.int64)
+    hashes: list[tuple[int, ...]] = []
+    for i, (session, own) in enumerate(zip(chosen.tolist(), own_tokens.tolist(), strict=True)):
+        shared = int(history[session])
+        total = min(shared * block + own, _MAX_ISL)
+        blocks = -(-total // block)
+        kept = min(shared, blocks)
+        ids = [session * stride + k for k in range(kept)]
+        ids.extend(range(fresh, fresh + blocks - kept))
+        fresh += blocks - kept
+        isl[i] = total
+        hashes.append(tuple(ids))
+    return isl, tuple(hashes)

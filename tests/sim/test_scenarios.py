@@ -13,7 +13,16 @@ from planner.cli import main
 from planner.errors import ConfigError
 from planner.sim.scenarios import SCENARIOS, scenario_trace
 
-EXPECTED = {"surge_from_idle", "diurnal_ramp", "flash_crowd", "prompt_shift", "output_shift", "slow_drift", "bursty"}
+EXPECTED = {
+    "surge_from_idle",
+    "diurnal_ramp",
+    "flash_crowd",
+    "prompt_shift",
+    "output_shift",
+    "slow_drift",
+    "bursty",
+    "prefix_reuse",
+}
 
 
 def _rate(trace_arrivals: np.ndarray, lo: float, hi: float) -> float:
@@ -135,3 +144,43 @@ def test_replay_needs_exactly_one_of_trace_and_scenario(tmp_path: Path) -> None:
         main(["replay", "--scenario", "flash_crowd", "--trace", str(tmp_path / "t.csv"), "--quiet"])
     with pytest.raises(SystemExit):
         main(["replay", "--scenario", "no_such_scenario", "--quiet"])
+
+
+def _reused_share(hash_ids: tuple[tuple[int, ...] | None, ...]) -> float:
+    """The share of prompt blocks an infinite prefix cache would hit: each prompt's leading blocks seen before."""
+    seen: set[int] = set()
+    hit = total = 0
+    for ids in hash_ids:
+        assert ids is not None
+        lead = next((k for k, block in enumerate(ids) if block not in seen), len(ids))
+        hit += lead
+        total += len(ids)
+        seen.update(ids)
+    return hit / total
+
+
+def test_prefix_reuse_prompts_are_session_histories_an_infinite_cache_mostly_hits() -> None:
+    t = scenario_trace("prefix_reuse", seed=2)
+    again = scenario_trace("prefix_reuse", seed=2)
+    assert t.hash_ids == again.hash_ids and t.hash_ids != scenario_trace("prefix_reuse", seed=3).hash_ids
+    assert len(t) > 5000
+    # a prompt is whole 512-token blocks of its session's history and then its own tokens, the last block partial
+    firsts: dict[int, tuple[int, ...]] = {}
+    for isl, ids in zip(t.isl.tolist(), t.hash_ids, strict=True):
+        assert ids is not None and len(ids) == -(-isl // 512)
+        firsts.setdefault(ids[0], ids)
+    assert 5 <= len(firsts) <= 40  # the sessions seen; each history 16-31 blocks (8-16k tokens)
+    assert 16 * 512 < float(np.median(t.isl)) < 32 * 512
+    # histories repeat: an infinite cache would hit most prompt tokens (history ~24 blocks, own ~2)
+    assert 0.8 < _reused_share(t.hash_ids) < 0.95
+    # and no request's own blocks appear in another request
+    own = [block for ids in t.hash_ids if ids is not None for block in ids if block >= 40 * 32]
+    assert own and len(own) == len(set(own))
+    # the rate: 4 req/s at the start, 16 when held, 8 at the end
+    assert 3.0 < _rate(t.arrival_s, 0.0, 60.0) < 6.0 and 14.0 < _rate(t.arrival_s, 450.0, 600.0) < 18.0
+    assert 7.0 < _rate(t.arrival_s, 860.0, 895.0) < 11.0
+
+
+def test_other_scenarios_share_no_prefix() -> None:
+    for name in EXPECTED - {"prefix_reuse"}:
+        assert set(scenario_trace(name, seed=1).hash_ids) == {None}, name
