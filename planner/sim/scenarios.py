@@ -26,9 +26,9 @@ A scenario with ``sessions`` has prefix reuse (``hash_ids``, the engines' prefix
 belongs to one of ``sessions.count`` sessions (drawn with Zipf popularity, weight ``1 / rank ** exponent``), and its
 prompt is that session's history (a fixed number of blocks per session, drawn per seed) followed by its own new
 tokens (log-normal around ``isl_median``), ``block_tokens`` per hash id as Mooncake's. Chat and agent traffic
-re-sends its history with every turn; the other scenarios' prompts share nothing. ``prefix_reuse`` is not in the
-32-run suite: it shows what the core's computed prefill share (planner.core.prefill_work) does when the engines'
-caches hold most of each prompt.
+re-sends its history with every turn; the other scenarios' prompts share nothing. ``prefix_reuse`` is in no suite:
+it is where sizing prefill on the whole prompt (the core does; FPM's scheduled prefill tokens leave the cache hits
+out) costs most, and where an estimate of the prefill work computed is to be judged.
 """
 
 from __future__ import annotations
