@@ -32,7 +32,7 @@ from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequest
 # the measured H200 engine profile the core tests bootstrap their perf models from
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
-__all__ = ["Fleet", "Load", "Run", "hpa_config", "hpa_role", "reconciled"]
+__all__ = ["Fleet", "Load", "Rollout", "Run", "hpa_config", "hpa_role", "reconciled"]
 
 
 def hpa_role(**kw: object) -> RoleConfig:
@@ -323,3 +323,28 @@ class Fleet:
         while f"{service}-{i}" in taken:
             i += 1
         return i
+
+
+class Rollout:
+    """A deployment that takes ``ticks`` decision ticks to carry out a scale action: :meth:`settle` after each tick
+    starts an action when the decision differs from the deployment's desired count (in flight meanwhile, no
+    stacking) and applies it ``ticks`` ticks later."""
+
+    def __init__(self, fleet: Fleet, service: str, ticks: int = 3) -> None:
+        self.fleet, self.service, self.ticks = fleet, service, ticks
+        self.pending: Decision | None = None
+        self.left = 0
+
+    def settle(self, decision: Decision) -> bool:
+        """Carry ``decision`` one tick further; True on the tick an action in flight lands."""
+        current = self.fleet.deployments[self.service].desired
+        if self.pending is not None:
+            self.left -= 1
+            if self.left <= 0:
+                self.fleet.apply(self.pending)
+                self.pending = None
+                return True
+        elif decision.final_replicas != current:
+            self.pending, self.left = decision, self.ticks
+            self.fleet.deploy(self.service, current, in_flight=True)
+        return False

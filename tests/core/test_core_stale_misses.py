@@ -11,7 +11,7 @@ from planner.core.feedback import FeedbackState, update_feedback
 from planner.core.stale_misses import decode_lifetime_s, itl_misses_may_predate
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, Rollout
 
 CFG = SlaFeedbackConfig()
 
@@ -110,8 +110,7 @@ def _scaled_up_then_stale_windows() -> tuple[list[int], list[Decision]]:
     state = CoreState()
     counts: list[int] = []
     decisions: list[Decision] = []
-    pending: Decision | None = None
-    left = 0
+    rollout = Rollout(fleet, "decode")
     ready_at: float | None = None
     for tick in range(40):
         now = tick * 5.0
@@ -123,15 +122,8 @@ def _scaled_up_then_stale_windows() -> tuple[list[int], list[Decision]]:
         else:
             traffic = _window(1.0, 21.0)
         state, out = fleet.tick(state, now, config, {Role.DECODE: traffic}, predictors={Role.DECODE: perf})
-        current = fleet.deployments["decode"].desired
-        if pending is not None:
-            left -= 1
-            if left <= 0:
-                fleet.apply(pending)
-                pending, ready_at = None, now
-        elif out["decode"].final_replicas != current:
-            pending, left = out["decode"], 3
-            fleet.deploy("decode", current, in_flight=True)
+        if rollout.settle(out["decode"]):
+            ready_at = now
         counts.append(out["decode"].final_replicas)
         decisions.append(out["decode"])
     return counts, decisions

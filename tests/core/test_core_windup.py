@@ -12,7 +12,7 @@ from planner.core.feedback import FeedbackState, FeedbackUpdate, update_feedback
 from planner.core.windup import WindupTrack, attainment_noise, update_windup
 from planner.discovery import Role
 from tests.core.analytic_perf import AnalyticPerf
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, Rollout
 
 CFG = SlaFeedbackConfig(windup_settled_actions=1)
 
@@ -128,22 +128,13 @@ def _rising_load_at_stuck_attainment(config: CoreConfig) -> tuple[list[int], lis
     state = CoreState()
     counts: list[int] = []
     decisions: list[Decision] = []
-    pending: Decision | None = None
-    left = 0
+    rollout = Rollout(fleet, "decode")
     for tick in range(720):
         now = tick * 5.0
         fleet.publish_all(now, Load(decode=600 + int(now / 4.0)))
         traffic = {Role.DECODE: Traffic(itl_attainment_frac=0.9, itl_samples_in_window=500)}
         state, out = fleet.tick(state, now, config, traffic, predictors={Role.DECODE: perf})
-        current = fleet.deployments["decode"].desired
-        if pending is not None:
-            left -= 1
-            if left <= 0:
-                fleet.apply(pending)
-                pending = None
-        elif out["decode"].final_replicas != current:
-            pending, left = out["decode"], 3
-            fleet.deploy("decode", current, in_flight=True)
+        rollout.settle(out["decode"])
         counts.append(out["decode"].final_replicas)
         decisions.append(out["decode"])
     return counts, decisions
