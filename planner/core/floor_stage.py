@@ -59,33 +59,15 @@ def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -
     """The count the model (with the closed loop's correction) asks at the forecast rate, for a prefill-only or
     decode-only role whose load-set count is at least two; None where the derived floor stands (see
     docs/decision_core.md, "The floor within the model's capacity")."""
-    role, traffic, rec = inputs.role, inputs.traffic, inputs.rec
-    if role not in (Role.PREFILL, Role.DECODE) or value < 2 or traffic is None or rec.mode != Mode.SLA:
+    if inputs.role not in (Role.PREFILL, Role.DECODE) or value < 2:
         return None
-    if rec.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
-        return None
-    at_forecast = at_rate(traffic, predicted_rate)  # the engines' batch is evidence at the rate they were seen at
-    ask, _ = recommend_role(
-        role,
-        inputs.rc,
-        inputs.current,
-        inputs.recon,
-        inputs.load,
-        at_forecast,
-        inputs.predictor,
-        inputs.corrections,
-        inputs.startup_s,
-        inputs.settled,
-        inputs.prompt_cv2,
-    )
-    if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
-        return None
-    return ask.replicas
+    return model_count_at_level(inputs, predicted_rate)
 
 
 def model_count_at_level(inputs: FloorInputs, level_per_s: float) -> int | None:
-    """The count the model (with the closed loop's correction) asks at Holt's level, on any role in SLA mode; None
-    where the model gives no count for it (see :func:`steady_floor`)."""
+    """The count the model (with the closed loop's correction) asks at the request rate ``level_per_s`` (Holt's
+    level for :func:`steady_floor`, the forecast rate for :func:`floor_within_model`), on any role in SLA mode; None
+    where the model gives no count for it (recommend's own answer or the model's there is not an SLA count)."""
     traffic, rec = inputs.traffic, inputs.rec
     if traffic is None or rec.mode != Mode.SLA:
         return None

@@ -16,6 +16,7 @@ from planner.core.config import ForecastConfig, ForecastMethod
 __all__ = [
     "ForecastState",
     "at_history_high",
+    "beyond_counting_noise",
     "checked_floor",
     "damped_floor",
     "damped_forecast_rate",
@@ -112,10 +113,21 @@ def trend_gain(state: ForecastState) -> float:
 RISE_SIGMAS = 3.0  # a rise must exceed this many standard deviations of two windows' Poisson request counts
 
 
+def beyond_counting_noise(
+    higher_per_s: float, lower_per_s: float, window_s: float, sigmas: float = RISE_SIGMAS
+) -> bool:
+    """Whether the request rate ``higher_per_s`` is above ``lower_per_s`` by more than ``sigmas`` standard deviations
+    of the two windows' Poisson request counts over ``window_s`` (the sd of their difference: the square root of
+    the two counts together, at least one request's). A rise (the later rate the higher) or a fall (the earlier)."""
+    excess = (higher_per_s - lower_per_s) * window_s
+    return excess > sigmas * math.sqrt(max((higher_per_s + lower_per_s) * window_s, 1.0))
+
+
 def rise_beyond_noise(state: ForecastState, span_s: float, window_s: float, sigmas: float = RISE_SIGMAS) -> bool:
     """Whether the latest rate is above the rate ``span_s`` earlier (the latest history entry at least that old,
     else the oldest one at least ``window_s`` old) by more than ``sigmas`` standard deviations of the two
-    windows' Poisson request counts over ``window_s``. Without such an entry: True (nothing says it is noise)."""
+    windows' Poisson request counts over ``window_s`` (:func:`beyond_counting_noise`). Without such an entry: True
+    (nothing says it is noise)."""
     if not state.history:
         return True
     now, rate = state.history[-1]
@@ -128,8 +140,7 @@ def rise_beyond_noise(state: ForecastState, span_s: float, window_s: float, sigm
             break
     if past is None:
         return True
-    rise = (rate - past) * window_s
-    return rise > sigmas * math.sqrt(max((rate + past) * window_s, 1.0))
+    return beyond_counting_noise(rate, past, window_s, sigmas)
 
 
 def noise_floor(

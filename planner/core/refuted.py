@@ -5,12 +5,13 @@ horizon ahead, to what the floor sizes for. The scale-down window (and the hold 
 replicas' hold) then keeps the highest recommendation it saw, that peak included, for the whole window — on the
 grounds that what was asked may be asked again. Once the request rate has FALLEN below the rate the peak was asked
 at, by more than the counting noise of two traffic windows (:data:`planner.core.forecast.RISE_SIGMAS` standard
-deviations of their Poisson counts, the test a rise passes), the rise the peak extrapolated is over: what it
-predicted did not come, and the peak is no evidence of what the load needs back. From then on the holds count that
-recommendation at the load's count it was asked with plus one replica (the floor's granularity, as the checked and
-damped floors keep it; within the bounds): what the rate that did come asked. A rise that holds (a ramp, a plateau,
-a crowd that stays) does not fall and keeps its peak for the whole window; a floor at the load's count + 1 is not a
-peak. The recommendations themselves are remembered as decided; the holds read them through :func:`counted`.
+deviations of their Poisson counts: :func:`planner.core.forecast.beyond_counting_noise`, the test a rise passes),
+the rise the peak extrapolated is over: what it predicted did not come, and the peak is no evidence of what the
+load needs back. From then on the holds count that recommendation at the load's count it was asked with plus one
+replica (the floor's granularity, as the checked and damped floors keep it; within the bounds): what the rate
+that did come asked. A rise that holds (a ramp, a plateau, a crowd that stays) does not fall and keeps its peak
+for the whole window; a floor at the load's count + 1 is not a peak. The recommendations themselves are
+remembered as decided; the holds read them through :func:`counted`.
 """
 
 from __future__ import annotations
@@ -20,20 +21,13 @@ import math
 import msgspec
 
 from planner.core.clamp import Clamped
-from planner.core.forecast import RISE_SIGMAS
+from planner.core.forecast import beyond_counting_noise
 
-__all__ = ["Peaks", "counted", "fell_beyond_noise", "refuted_note", "track_peaks"]
+__all__ = ["Peaks", "counted", "refuted_note", "track_peaks"]
 
 Entries = tuple[tuple[float, int], ...]
 # (at, request rate it was asked at, the load's count + 1 then, refuted yet)
 Peaks = tuple[tuple[float, float, int, bool], ...]
-
-
-def fell_beyond_noise(rate_then_per_s: float, rate_now_per_s: float, window_s: float) -> bool:
-    """Whether the rate fell from ``rate_then_per_s`` to ``rate_now_per_s`` by more than :data:`RISE_SIGMAS`
-    standard deviations of the two windows' Poisson request counts over ``window_s``."""
-    fall = (rate_then_per_s - rate_now_per_s) * window_s
-    return fall > RISE_SIGMAS * math.sqrt(max((rate_then_per_s + rate_now_per_s) * window_s, 1.0))
 
 
 def track_peaks(
@@ -52,7 +46,7 @@ def track_peaks(
     kept_at = {at for at, _ in recommendations}
     rate = rate_now_per_s if rate_now_per_s is not None and math.isfinite(rate_now_per_s) else None
     out = tuple(
-        (at, asked_at, load_then, refuted or (rate is not None and fell_beyond_noise(asked_at, rate, window_s)))
+        (at, asked_at, load_then, refuted or (rate is not None and beyond_counting_noise(asked_at, rate, window_s)))
         for at, asked_at, load_then, refuted in peaks
         if at in kept_at
     )

@@ -8,13 +8,14 @@ import math
 
 from planner.core import Reason
 from planner.core.clamp import Clamped
-from planner.core.refuted import fell_beyond_noise, refuted_note, track_peaks
+from planner.core.forecast import beyond_counting_noise
+from planner.core.refuted import refuted_note, track_peaks
 
 
 def test_a_fall_exactly_at_the_counting_noise_is_not_beyond_it() -> None:
     """6.5 -> 3.5 req/s over 10 s windows: a fall of 30 requests against 3 sd of 100 counted (3 x 10 = 30)."""
-    assert not fell_beyond_noise(6.5, 3.5, 10.0)
-    assert fell_beyond_noise(6.5, 3.4, 10.0)
+    assert not beyond_counting_noise(6.5, 3.5, 10.0)
+    assert beyond_counting_noise(6.5, 3.4, 10.0)
 
 
 def test_a_rate_that_is_not_finite_tracks_no_peak_and_refutes_none() -> None:

@@ -22,7 +22,8 @@ from planner.core import (
     Stage,
     Traffic,
 )
-from planner.core.refuted import counted, fell_beyond_noise, track_peaks
+from planner.core.forecast import beyond_counting_noise
+from planner.core.refuted import counted, track_peaks
 from planner.discovery import Role
 from tests.core.fleetkit import Fleet, Load, hpa_role
 
@@ -85,10 +86,10 @@ def test_a_rise_that_holds_keeps_its_floors_peak_for_the_window() -> None:
 
 def test_a_fall_counts_beyond_three_standard_deviations_of_two_windows_poisson_counts() -> None:
     # 100 req/s over 10 s windows: 3 sd of the two counts is 3 sqrt(1,870) = 129.7 requests at 87 req/s
-    assert fell_beyond_noise(100.0, 87.0, 10.0)
-    assert not fell_beyond_noise(100.0, 88.0, 10.0)
-    assert not fell_beyond_noise(100.0, 120.0, 10.0)  # a rise is no fall
-    assert not fell_beyond_noise(0.1, 0.0, 10.0)  # a trickle's 1 -> 0 requests is noise (at least one request's sd)
+    assert beyond_counting_noise(100.0, 87.0, 10.0)
+    assert not beyond_counting_noise(100.0, 88.0, 10.0)
+    assert not beyond_counting_noise(100.0, 120.0, 10.0)  # a rise is no fall
+    assert not beyond_counting_noise(0.1, 0.0, 10.0)  # a trickle's 1 -> 0 requests is noise (at least one request's sd)
     assert math.isclose(3 * math.sqrt(1870.0), 129.73, abs_tol=0.01)
 
 
