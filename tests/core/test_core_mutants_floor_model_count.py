@@ -19,6 +19,7 @@ from planner.core.recommend_role import recommend_role
 from planner.discovery import Role
 from tests.core.fleetkit import H200_PROFILE, hpa_role, reconciled
 from tests.core.test_core_mutants_recommend_role import TAIL
+from tests.core.test_core_observed_batch_rate import floor_inputs
 
 SEEN = msgspec.structs.replace(TAIL, requests_in_window=500)  # the window's count: its attainment goes with its rate
 
@@ -30,20 +31,11 @@ def inputs() -> FloorInputs:
     recon = reconciled(Role.AGG, 8, prefill_requests=32.0)
     rec, _ = recommend_role(Role.AGG, rc, 8, recon, RoleLoad(), SEEN, model)
     assert rec.mode == Mode.SLA
-    return FloorInputs(
-        role=Role.AGG,
-        rc=rc,
-        current=8,
-        recon=recon,
-        load=RoleLoad(),
-        traffic=SEEN,
-        predictor=model,
-        rec=rec,
-        held=False,
-        corrections=(0.0, 0.0),
-        startup_s=0.0,
-        settled=True,
-        prompt_cv2=0.0,
+    # this aggregated service in test_core_observed_batch_rate's decode inputs (no correction, no start-up, not
+    # held, settled)
+    decode = floor_inputs(PerfModel(Role.DECODE, bootstrap=ProfileStepTimer.from_dir(H200_PROFILE)))
+    return msgspec.structs.replace(
+        decode, role=Role.AGG, rc=rc, current=8, recon=recon, load=RoleLoad(), traffic=SEEN, predictor=model, rec=rec
     )
 
 
