@@ -25,8 +25,10 @@ from planner.core.recommend_role import recommend_role
 from planner.core.recommendation import Recommendation
 from planner.core.reconcile import Reconciled
 from planner.core.refuted import counted, refuted_note, track_peaks
+from planner.core.returned import capped_by_returns, remember_returns, returned_note
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
 from planner.core.startup import (
+    base_window_s,
     effective_startup_s,
     gap_hold,
     in_flight_raise_to,
@@ -216,6 +218,7 @@ def draft_service(
     down_window_s = scale_down_window_s(rc, sstate, now)
     hold = gap_hold(rc, sstate, now)
     keep_recs_s = max(rc.scale_up.stabilization_window_s, down_window_s, hold[0] if hold is not None else 0.0)
+    keep_recs_s = max(keep_recs_s, rc.hold_across_gaps_max_s or 0.0)  # a level's return (planner.core.returned)
     if sstate.first_report_at is not None:  # the new replicas' hold looks back one window before their first report
         keep_recs_s = max(keep_recs_s, min(now - sstate.first_report_at, down_window_s) + down_window_s)
     recommendations = (*prune(sstate.recommendations, now, keep_recs_s), (now, value))
@@ -228,8 +231,15 @@ def draft_service(
     came = apply_bounds(load_value + 1, rc.min_replicas, rc.max_replicas, rc.actuator_bounds).replicas
     rate_seen = traffic.request_rate_per_s if traffic is not None else None
     peaks = track_peaks(sstate.floor_peaks, recommendations, now, value, came, rate_seen, rc.traffic_window_s)
-    held_recs = counted(recommendations, peaks)
-    held_checked = counted(checked_recommendations, peaks)
+    refuted_recs = counted(recommendations, peaks)
+    refuted_checked = counted(checked_recommendations, peaks)
+    # beyond the base window, while the traffic's falls and comebacks are remembered, only a level the
+    # recommendations came back to is held (planner.core.returned)
+    base_s = base_window_s(rc, sstate)
+    span_s = max(down_window_s, hold[0]) if hold is not None else 0.0
+    returns = remember_returns(sstate.returns, refuted_recs, now, base_s, span_s)
+    held_recs = capped_by_returns(refuted_recs, now, base_s, span_s, returns)
+    held_checked = capped_by_returns(refuted_checked, now, base_s, span_s, returns)
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)
     events = sstate.scale_events
     if sstate.pending_scale is not None:
@@ -243,13 +253,19 @@ def draft_service(
         stages, reasons, Stage.RATE_LIMIT, rate_limit(value, current, events, now, rc.scale_up, rc.scale_down)
     )
     windows = (rc.scale_up.stabilization_window_s, down_window_s)
-    stabilized = stabilize(value, current, held_recs, now, *windows, gap_hold=hold, held_recommendations=held_checked)
-    if held_recs is not recommendations:
+    stabilized = stabilize(
+        value, current, refuted_recs, now, *windows, gap_hold=hold, held_recommendations=refuted_checked
+    )
+    if refuted_recs is not recommendations:
         as_decided = stabilize(
             value, current, recommendations, now, *windows, gap_hold=hold, held_recommendations=checked_recommendations
         )
         if as_decided.replicas > stabilized.replicas:
             stabilized = refuted_note(stabilized, as_decided.replicas)
+    if held_recs is not refuted_recs or held_checked is not refuted_checked:
+        capped = stabilize(value, current, held_recs, now, *windows, gap_hold=hold, held_recommendations=held_checked)
+        if capped.replicas < stabilized.replicas:
+            stabilized = returned_note(capped, stabilized.replicas, base_s, returns)
     value = add_stage(stages, reasons, Stage.STABILIZE, stabilized)
 
     # safety: no scale-down on incomplete coverage, nor before a full window of it
@@ -305,6 +321,7 @@ def draft_service(
         recommendations=recommendations,
         checked_recommendations=checked_recommendations,
         floor_peaks=peaks,
+        returns=returns,
         scale_events=events,
         coverage_complete_since=since,
         reported_workers=reported,

@@ -14,6 +14,7 @@ from planner.core.forecast import RISE_SIGMAS
 from planner.core.state import ServiceState
 
 __all__ = [
+    "base_window_s",
     "effective_startup_s",
     "gap_hold",
     "in_flight_raise_to",
@@ -45,15 +46,20 @@ _GAP_MEMORY_S = 1800.0  # re-buys older than this no longer hold capacity
 _GAP_HOLD_FACTOR = 1.5
 
 
+def base_window_s(rc: RoleConfig, state: ServiceState) -> float:
+    """The scale-down window before any growth: ``scale_down_window_startups`` (measured) start-ups when set, else
+    ``scale_down.stabilization_window_s``."""
+    if rc.scale_down_window_startups is None:
+        return rc.scale_down.stabilization_window_s
+    return rc.scale_down_window_startups * effective_startup_s(rc, state)
+
+
 def scale_down_window_s(rc: RoleConfig, state: ServiceState, now: float) -> float:
     """``scale_down_window_startups`` start-ups when set (capacity released on a dip costs a start-up to buy back,
     so a faster start-up makes the planner leaner by itself), else ``scale_down.stabilization_window_s``; grown
     to 1.5 x the longest idle gap after which released capacity was bought back in the last 30 minutes (at
     most ``hold_across_gaps_max_s``). What is held across idle gaps beyond it is :func:`gap_hold`'s."""
-    if rc.scale_down_window_startups is None:
-        window = rc.scale_down.stabilization_window_s
-    else:
-        window = rc.scale_down_window_startups * effective_startup_s(rc, state)
+    window = base_window_s(rc, state)
     cap = rc.hold_across_gaps_max_s
     gaps = [gap for at, gap in state.rebuy_gaps if at > now - _GAP_MEMORY_S]
     if cap is not None and gaps:
