@@ -10,7 +10,7 @@ import math
 import msgspec
 
 from planner.core.config import RoleConfig
-from planner.core.forecast import RISE_SIGMAS
+from planner.core.forecast import RISE_SIGMAS, beyond_counting_noise
 from planner.core.state import ServiceState
 
 __all__ = [
@@ -164,12 +164,16 @@ def in_flight_raise_to(
     rc: RoleConfig, state: ServiceState, rate_per_s: float | None, in_flight: bool, current: int
 ) -> int | None:
     """How far a scale-up may raise an in-flight target: ``current`` times the growth of the request rate since
-    the scale-up was decided, when it grew by at least ``in_flight_raise_rate_growth_frac``; else None (no
-    stacking: a backlog building while replicas start is what they will absorb)."""
+    the scale-up was decided, when it grew by at least ``in_flight_raise_rate_growth_frac`` and by more than the
+    counting noise of the two traffic windows (:data:`RISE_SIGMAS` standard deviations of their Poisson request
+    counts over ``traffic_window_s``: at a trickle, 1 -> 2 requests is no growth); else None (no stacking: a
+    backlog building while replicas start is what they will absorb)."""
     growth = rc.in_flight_raise_rate_growth_frac
     if not in_flight or growth is None or not rate_per_s or not state.scale_up_rate_per_s:
         return None
     ratio = rate_per_s / state.scale_up_rate_per_s
     if ratio < 1.0 + growth:
+        return None
+    if not beyond_counting_noise(rate_per_s, state.scale_up_rate_per_s, rc.traffic_window_s):
         return None
     return math.ceil(current * min(ratio, 1e6) - 1e-9)
