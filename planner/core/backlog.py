@@ -1,6 +1,7 @@
 """The prefill backlog of a scale-up (issue 13, item 4), pure: how fast the engines drain a queue, and the
 backlog-aware cap of a scale-up (a queued request stays on the engine that holds it, so replicas added for a queue
-help only the arrivals). Used by :func:`planner.core.recommend.recommend_sla`."""
+help only the arrivals, and replicas still starting hold none of it: the queue drains on the ready ones). Used by
+:func:`planner.core.recommend.recommend_sla`."""
 
 from __future__ import annotations
 
@@ -22,12 +23,18 @@ def backlog_cap(
     capacity_tokens_per_s: float,
     startup_s: float,
     arrivals_need: int | None,
+    ready: int | None = None,
 ) -> tuple[int, Reason, str] | None:
     """The backlog-aware cap of a scale-up (see :func:`planner.core.recommend.recommend_sla`): None when it does
     not bind (no scale-up asked, no queue, no rate, no start-up delay or no capacity up), else (count, reason,
     detail).
     ``searched`` is the search's answer (None: no count met the SLA); ``arrivals_need`` the fewest replicas
-    meeting it for the arrivals alone, with no backlog (None: none)."""
+    meeting it for the arrivals alone, with no backlog (None: none). ``current`` is the desired count, ``ready``
+    how many of them serve (None: all; the rest are starting), ``capacity_tokens_per_s`` the prefill rate of the
+    ``current`` replicas. Only the ready replicas hold the queue and drain it, at their share of that rate, while
+    the arrivals reach them; the starting ones take arrivals once up, so with the queue outlasting a start-up the
+    count is the ready ones plus what the arrivals need (the starting ones among those), never below
+    ``current``."""
     if searched is not None and searched <= current:
         return None
     if current <= 0 or queued_tokens <= 0 or arrival_tokens_per_s <= 0 or startup_s <= 0:
@@ -37,9 +44,11 @@ def backlog_cap(
     need = arrivals_need
     if need is None:
         return None  # the arrivals alone cannot be served: the search's answer stands
-    surplus = capacity_tokens_per_s - arrival_tokens_per_s
+    draining = current if ready is None else min(max(ready, 0), current)
+    surplus = capacity_tokens_per_s * draining / current - arrival_tokens_per_s
     drain_s = queued_tokens / surplus if surplus > 0 else math.inf
     backlog = f"{queued_tokens:.0f} queued prefill tokens"
+    on = f"on {current} replicas" if draining == current else f"on the {draining} ready of {current} replicas"
     if drain_s <= startup_s:
         count = max(need, current)
         if searched is not None and count >= searched:
@@ -47,18 +56,17 @@ def backlog_cap(
         return (
             count,
             Reason.BACKLOG_DRAINS_BEFORE_STARTUP,
-            f"{backlog} drain in {drain_s:.0f} s on {current} replicas, before a start-up ({startup_s:.0f} s):"
-            f" {count} for the arrivals",
+            f"{backlog} drain in {drain_s:.0f} s {on}, before a start-up ({startup_s:.0f} s): {count} for the arrivals",
         )
-    count = current + need
+    count = max(draining + need, current)
     if searched is not None and count >= searched:
         return None
     drains = f"drain in {drain_s:.0f} s" if math.isfinite(drain_s) else "grow"
     return (
         count,
         Reason.BACKLOG_OUTLASTS_STARTUP,
-        f"{backlog} {drains} on {current} replicas, past a start-up ({startup_s:.0f} s); queued requests stay"
-        f" there: {current} + {need} for the arrivals",
+        f"{backlog} {drains} {on}, past a start-up ({startup_s:.0f} s); queued requests stay"
+        f" there: {draining} + {need} for the arrivals" + (f", {current} desired" if draining + need < current else ""),
     )
 
 

@@ -134,6 +134,7 @@ def draft_service(
             tail_may_raise=settled,
             prompt_cv2=prompt_cv2,
             demand=demand,
+            ready=ready,
         )
     stages.append(StageResult(stage=Stage.RECOMMEND, replicas=rec.replicas, reason=rec.reason, detail=rec.detail))
     reasons.append(rec.reason)
@@ -163,7 +164,19 @@ def draft_service(
         feedback_corr = corrections
         if corrections != (0.0, 0.0):
             corrected = recommend_role(
-                role, rc, current, recon, load, traffic, predictor, corrections, startup_s, settled, prompt_cv2, demand
+                role,
+                rc,
+                current,
+                recon,
+                load,
+                traffic,
+                predictor,
+                corrections,
+                startup_s,
+                settled,
+                prompt_cv2,
+                demand,
+                ready=ready,
             )[0]
             value = corrected.replicas
             held = held or corrected.reason == Reason.SLA_UNREACHABLE
@@ -202,6 +215,7 @@ def draft_service(
             startup_s=startup_s,
             settled=settled,
             prompt_cv2=prompt_cv2,
+            ready=ready,
         ),
         value,
         sstate.forecast,

@@ -53,6 +53,7 @@ class FloorInputs(msgspec.Struct, frozen=True, kw_only=True):
     startup_s: float
     settled: bool  # no capacity still coming (the tail may raise)
     prompt_cv2: float
+    ready: int | None = None  # how many of ``current`` serve (the backlog cap's draining replicas; None: all)
 
 
 def floor_within_model(inputs: FloorInputs, value: int, predicted_rate: float) -> int | None:
@@ -85,6 +86,7 @@ def model_count_at_level(inputs: FloorInputs, level_per_s: float) -> int | None:
         inputs.startup_s,
         inputs.settled,
         inputs.prompt_cv2,
+        ready=inputs.ready,
     )
     if ask.mode != Mode.SLA or ask.reason in (Reason.SLA_UNREACHABLE, Reason.LOAD_INVALID, Reason.NO_LOAD):
         return None

@@ -69,6 +69,7 @@ def recommend_sla(
     tail_may_raise: bool = True,
     prompt_cv2: float = 0.0,
     demand: OutputDemand | None = None,
+    ready: int | None = None,
 ) -> Recommendation:
     """SLA mode: the fewest replicas meeting the targets at the current load (see module docstring).
 
@@ -83,15 +84,16 @@ def recommend_sla(
     replicas arrive).
 
     Backlog-aware cap: a queued request stays on the engine that holds it (vLLM does not move it; the router
-    places only new arrivals), so replicas added for a backlog help only the arrivals. When the capacity up or
-    coming drains today's queue within one start-up (arrivals counted at the longer of the traffic's mean prompt
-    and the mean prompt in the engines now, which shows a shift to longer prompts before the traffic window
-    does), a scale-up goes no further than what the arrivals need
-    (``backlog_drains_before_startup``, a hold when the current count is enough); when the backlog outlasts a
-    start-up, no further than the current count plus what the arrivals need on the new replicas alone, while
-    the current engines drain it (``backlog_outlasts_startup``). The drain (and the backlog left after a start-up)
-    is counted at the lower of one chunk's prefill rate alone and, on aggregated engines with a step model, what an
-    engine prefills with its decodes riding along at the prompt length the engines hold (long prompts: lower).
+    places only new arrivals), so replicas added for a backlog help only the arrivals, and replicas still starting
+    hold none of it: the queue drains on the ``ready`` ones (None: all ``current``). When they drain today's
+    queue within one start-up (arrivals counted at the longer of the traffic's mean prompt and the mean prompt in
+    the engines now, which shows a shift to longer prompts before the traffic window does), a scale-up goes no
+    further than what the arrivals need (``backlog_drains_before_startup``, a hold when the current count is
+    enough); when the backlog outlasts a start-up, no further than the ready count plus what the arrivals need on
+    the other replicas (starting or new) alone, while the ready engines drain it, and not below the current count
+    (``backlog_outlasts_startup``). The drain (and the backlog left after a start-up) is counted at the lower of one
+    chunk's prefill rate alone and, on aggregated engines with a step model, what an engine prefills with its
+    decodes riding along at the prompt length the engines hold (long prompts: lower).
 
     Decode batch limit: a decode role's count is infeasible when its Little's-law batch per engine is past
     ``max_num_seqs`` (``decode_batch_limit`` when that rules out one replica fewer).
@@ -362,6 +364,7 @@ def recommend_sla(
         capacity_tokens_per_s=tokens_per_s * current * dp if current > 0 else 0.0,
         startup_s=startup_s,
         arrivals_need=arrivals,
+        ready=ready,
     )
     if capped is not None:
         count, reason, why = capped

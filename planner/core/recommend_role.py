@@ -31,6 +31,7 @@ def recommend_role(
     tail_may_raise: bool = True,
     prompt_cv2: float = 0.0,
     demand: OutputDemand | None = None,
+    ready: int | None = None,
 ) -> tuple[Recommendation, tuple[Reason, ...]]:
     extra: tuple[Reason, ...] = ()
     if rc.mode != Mode.THRESHOLD and predictor is not None and predictor.ready:
@@ -55,6 +56,7 @@ def recommend_role(
             tail_may_raise=tail_may_raise,
             prompt_cv2=prompt_cv2 if role is Role.PREFILL else 0.0,
             demand=demand,
+            ready=ready,
         ), extra
     if rc.mode == Mode.SLA or (rc.mode == Mode.AUTO and predictor is not None):
         extra = (Reason.PERF_MODEL_NOT_READY,)
