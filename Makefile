@@ -53,7 +53,7 @@ mutate-sample:
 	  --files worker_shim/fpm.py planner/ingest/store.py planner/ingest/drops.py planner/ingest/slots.py \
 	  planner/ingest/views.py planner/core/clamp.py planner/core/reconcile.py planner/core/backlog.py \
 	  planner/core/prompt_spread.py planner/core/tail.py planner/core/threshold.py planner/core/newcomers.py \
-	  planner/core/latency_floor.py
+	  planner/core/latency_floor.py planner/core/windup.py planner/core/returned.py
 
 lint:
 	$(BIN)/ruff check planner worker_shim perf_model tests
