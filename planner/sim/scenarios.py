@@ -15,12 +15,15 @@ these requests per second, so the peaks below need several replicas and the trou
 | ``output_shift`` | steady 20 req/s; outputs short (median 40 tokens) then long (median 600) from minute 15 |
 | ``slow_drift`` | rate from 10 to 40 req/s and prompt median from 800 to 2000 tokens, linearly over 60 min |
 | ``bursty`` | 12 req/s with 4x bursts (48 req/s) of random length (mean 60 s) every ~4 min (Markov-modulated) |
+| ``burst_train`` | 15 req/s with 3x bursts (45 req/s) of mean 90 s every ~2.5 min, longer prompts (Markov-modulated) |
 | ``prefix_reuse`` | 40 sessions re-sending 8-16k-token histories (prefix-cache hits); 4 -> 16 -> 8 req/s, 15 min |
 
 A scenario with ``bursts`` is a Markov-modulated Poisson process: before the arrivals, the seed draws alternating
 off / on periods (exponential lengths, the first state drawn from the stationary odds) and the rate curve is
 multiplied by ``bursts.factor`` while a burst is on. Real traffic is burstier than a Poisson process with a smooth
 rate (the Azure traces are); ``bursty`` is for the held-out suite (docs/replay-heldout/), not the 32-run suite.
+``burst_train`` is the bursty traffic a core change may be tuned on (docs/replay-dev/): other burst factor, burst and
+gap lengths, base rate and prompt / output lengths than ``bursty``, so the held-out runs stay out of sample.
 
 A scenario with ``sessions`` has prefix reuse (``hash_ids``, the engines' prefix cache hits them): each request
 belongs to one of ``sessions.count`` sessions (drawn with Zipf popularity, weight ``1 / rank ** exponent``), and its
@@ -198,6 +201,16 @@ SCENARIOS: dict[str, Scenario] = {
             isl_median=_const(1000.0),
             osl_median=_const(150.0),
             bursts=Bursts(factor=4.0, mean_on_s=60.0, mean_off_s=240.0),
+        ),
+        Scenario(
+            name="burst_train",
+            description="15 req/s, 3x bursts (45 req/s) of mean 90 s, mean 150 s apart (Markov-modulated), 30 min",
+            duration_s=1800.0,
+            peak_rate_per_s=15.0,
+            rate=_const(15.0),
+            isl_median=_const(1500.0),
+            osl_median=_const(200.0),
+            bursts=Bursts(factor=3.0, mean_on_s=90.0, mean_off_s=150.0),
         ),
         Scenario(
             name="prefix_reuse",

@@ -21,6 +21,7 @@ EXPECTED = {
     "output_shift",
     "slow_drift",
     "bursty",
+    "burst_train",
     "prefix_reuse",
 }
 
@@ -89,10 +90,11 @@ def _dispersion_per_10_s(arrival_s: np.ndarray) -> tuple[float, int]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_bursty_is_burstier_than_poisson_and_a_constant_rate_scenario_is_not(seed: int) -> None:
+@pytest.mark.parametrize("name", ["bursty", "burst_train"])
+def test_bursty_is_burstier_than_poisson_and_a_constant_rate_scenario_is_not(seed: int, name: str) -> None:
     # For a Poisson process at a constant rate, (n - 1) * dispersion over n bins is about chi-square with n - 1
     # degrees of freedom: the dispersion is 1 with standard deviation sqrt(2 / (n - 1)). Six of those either side.
-    bursty, n = _dispersion_per_10_s(scenario_trace("bursty", seed=seed).arrival_s)
+    bursty, n = _dispersion_per_10_s(scenario_trace(name, seed=seed).arrival_s)
     margin = 6.0 * math.sqrt(2.0 / (n - 1))
     assert n >= 150 and bursty > 1.0 + margin
     steady, m = _dispersion_per_10_s(scenario_trace("prompt_shift", seed=seed).arrival_s)  # 20 req/s throughout
@@ -105,6 +107,15 @@ def test_bursty_sits_at_its_base_rate_between_bursts_four_times_it_in_one() -> N
     counts = np.bincount((t.arrival_s[t.arrival_s < 10.0 * bins] // 10.0).astype(np.int64), minlength=bins)
     assert 100 <= np.median(counts) <= 140  # 12 req/s most of the time (bursts are about a fifth of it)
     assert 400 <= np.percentile(counts, 97) <= 560  # 48 req/s inside a burst
+
+
+def test_burst_train_sits_at_its_base_rate_between_bursts_three_times_it_in_one() -> None:
+    t = scenario_trace("burst_train", seed=0)
+    bins = int(t.arrival_s[-1] // 10.0)
+    counts = np.bincount((t.arrival_s[t.arrival_s < 10.0 * bins] // 10.0).astype(np.int64), minlength=bins)
+    assert 120 <= np.median(counts) <= 180  # 15 req/s most of the time at seed 0 (bursts are about a fifth of it)
+    assert 380 <= np.percentile(counts, 97) <= 520  # 45 req/s inside a burst
+    assert 1300 <= np.median(t.isl) <= 1700 and 170 <= np.median(t.osl) <= 230
 
 
 def test_an_unknown_scenario_is_refused_with_the_known_names() -> None:
