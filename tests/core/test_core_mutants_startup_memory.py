@@ -15,7 +15,8 @@ testing). Each row was run against the mutant it names (``MUTANT_UNDER_TEST``) a
   (``record_scale`` 70, the start-up's ``<``);
 - the in-flight raise needs the rate's growth of ``in_flight_raise_rate_growth_frac`` even where the counting noise
   is passed (``in_flight_raise_to`` 12), and its ratio is capped at a million, so a scale-up decided at a rate of
-  almost nothing gives a finite count (``in_flight_raise_to`` 28).
+  almost nothing gives a finite count (``in_flight_raise_to`` 28); without a rate this tick it does not raise
+  (``in_flight_raise_to`` 3).
 """
 
 from __future__ import annotations
@@ -184,3 +185,11 @@ def test_the_raise_from_a_rate_of_almost_nothing_is_finite() -> None:
     raises no further than a million times the target, a count, not an overflow."""
     assert in_flight_raise_to(RC, ServiceState(scale_up_rate_per_s=5e-324), 1.0, True, 1) == 1_000_000
     assert in_flight_raise_to(RC, ServiceState(scale_up_rate_per_s=1e-3), 2000.0, True, 2) == 2_000_000
+
+
+def test_no_in_flight_raise_without_a_rate_now() -> None:
+    """in_flight_raise_to 3 (``growth is None and not rate_per_s``): with the growth rule on and no request rate
+    this tick (no traffic given), nothing says the rate grew: no raise (the mutant divided None)."""
+    state = ServiceState(scale_up_rate_per_s=10.0)
+    assert in_flight_raise_to(RC, state, None, True, 4) is None
+    assert in_flight_raise_to(RC, state, 0.0, True, 4) is None
