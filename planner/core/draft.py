@@ -27,6 +27,7 @@ from planner.core.reconcile import Reconciled
 from planner.core.refuted import counted, refuted_note, track_peaks
 from planner.core.returned import capped_by_returns, remember_returns, returned_note
 from planner.core.safety import coverage_gate, hold_in_flight, next_coverage_since
+from planner.core.served import remember_asked, served, served_note
 from planner.core.startup import (
     base_window_s,
     effective_startup_s,
@@ -245,8 +246,12 @@ def draft_service(
     came = apply_bounds(load_value + 1, rc.min_replicas, rc.max_replicas, rc.actuator_bounds).replicas
     rate_seen = traffic.request_rate_per_s if traffic is not None else None
     peaks = track_peaks(sstate.floor_peaks, recommendations, now, value, came, rate_seen, rc.traffic_window_s)
-    refuted_recs = counted(recommendations, peaks)
-    refuted_checked = counted(checked_recommendations, peaks)
+    # a count asked while capacity was coming counts at most what the ready fleet was asked (planner.core.served)
+    asked = remember_asked(sstate.asked, recommendations, now, rate_seen, settled)
+    served_recs = served(recommendations, asked, rc.traffic_window_s)
+    served_checked = served(checked_recommendations, asked, rc.traffic_window_s)
+    refuted_recs = counted(served_recs, peaks)
+    refuted_checked = counted(served_checked, peaks)
     # beyond the base window, while the traffic's falls and comebacks are remembered, only a level the
     # recommendations came back to is held (planner.core.returned)
     base_s = base_window_s(rc, sstate)
@@ -270,12 +275,18 @@ def draft_service(
     stabilized = stabilize(
         value, current, refuted_recs, now, *windows, gap_hold=hold, held_recommendations=refuted_checked
     )
-    if refuted_recs is not recommendations:
+    if refuted_recs is not served_recs:
         as_decided = stabilize(
-            value, current, recommendations, now, *windows, gap_hold=hold, held_recommendations=checked_recommendations
+            value, current, served_recs, now, *windows, gap_hold=hold, held_recommendations=served_checked
         )
         if as_decided.replicas > stabilized.replicas:
             stabilized = refuted_note(stabilized, as_decided.replicas)
+    if served_recs is not recommendations or served_checked is not checked_recommendations:
+        as_asked = stabilize(
+            value, current, recommendations, now, *windows, gap_hold=hold, held_recommendations=checked_recommendations
+        )
+        if as_asked.replicas > stabilized.replicas:
+            stabilized = served_note(stabilized, as_asked.replicas)
     if held_recs is not refuted_recs or held_checked is not refuted_checked:
         capped = stabilize(value, current, held_recs, now, *windows, gap_hold=hold, held_recommendations=held_checked)
         if capped.replicas < stabilized.replicas:
@@ -335,6 +346,7 @@ def draft_service(
         recommendations=recommendations,
         checked_recommendations=checked_recommendations,
         floor_peaks=peaks,
+        asked=asked,
         returns=returns,
         scale_events=events,
         coverage_complete_since=since,
