@@ -30,7 +30,7 @@ BASE = [30.0] * 72  # six minutes at 30 req/s: the planner's first window passes
 
 
 def _run(rates: list[float]) -> tuple[list[int], list[int], list[str]]:
-    """Per tick: the deployment's count after the tick, the load's count (recommend) and the stabilize stage's detail."""
+    """Per tick: the deployment's count after the tick, the load's count and the stabilize stage's detail."""
     fleet = Fleet()
     fleet.add_many(3, Role.DECODE)
     fleet.deploy("decode", 3)
