@@ -15,9 +15,12 @@ from planner.core import (
     ForecastConfig,
     ForecastMethod,
     Observation,
+    PolicyKind,
     Reason,
     RoleConfig,
     RoleLoad,
+    ScaleRules,
+    ScalingPolicy,
     Stage,
     Traffic,
     step,
@@ -32,7 +35,12 @@ from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequest
 # the measured H200 engine profile the core tests bootstrap their perf models from
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
-__all__ = ["Fleet", "Load", "Rollout", "Run", "hpa_config", "hpa_role", "reconciled"]
+__all__ = ["FAST_UP", "Fleet", "Load", "Rollout", "Run", "hpa_config", "hpa_role", "reconciled"]
+
+# a scale-up that lands the whole ask at once (+900 % per 15 s, no up window): the start-up and hold tests' fleets
+FAST_UP = ScaleRules(
+    stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
+)
 
 
 def hpa_role(**kw: object) -> RoleConfig:

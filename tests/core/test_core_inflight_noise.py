@@ -12,19 +12,13 @@ from planner.core import (
     CoreConfig,
     CoreState,
     Mode,
-    PolicyKind,
     Reason,
     RoleConfig,
-    ScaleRules,
-    ScalingPolicy,
     Traffic,
 )
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import FAST_UP, Fleet, Load
 
-FAST_UP = ScaleRules(
-    stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
-)
 CONFIG = CoreConfig(roles={Role.DECODE: RoleConfig(mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP)})
 
 

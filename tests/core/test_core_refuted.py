@@ -16,20 +16,14 @@ from planner.core import (
     ForecastConfig,
     ForecastMethod,
     Mode,
-    PolicyKind,
-    ScaleRules,
-    ScalingPolicy,
     Stage,
     Traffic,
 )
 from planner.core.forecast import beyond_counting_noise
 from planner.core.refuted import counted, track_peaks
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load, hpa_role
+from tests.core.fleetkit import FAST_UP, Fleet, Load, hpa_role
 
-FAST_UP = ScaleRules(
-    stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
-)
 BASE = [30.0] * 72  # six minutes at 30 req/s: the planner's first window passes, the history learns the level
 BURST = [60.0, 90.0, 120.0]  # a burst to new highs: Holt's whole trend, a floor far above the load
 

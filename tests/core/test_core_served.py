@@ -13,19 +13,13 @@ from planner.core import (
     ForecastConfig,
     ForecastMethod,
     Mode,
-    PolicyKind,
-    ScaleRules,
-    ScalingPolicy,
     Stage,
     Traffic,
 )
 from planner.core.served import remember_asked, served
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load, Rollout, hpa_role
+from tests.core.fleetkit import FAST_UP, Fleet, Load, Rollout, hpa_role
 
-FAST_UP = ScaleRules(
-    stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
-)
 BASE = [30.0] * 72  # six minutes at 30 req/s: the planner's first window passes, the history learns the level
 
 

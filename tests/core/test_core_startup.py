@@ -29,11 +29,7 @@ from planner.core import (
 )
 from planner.core.recommend import recommend_sla
 from planner.discovery import Role
-from tests.core.fleetkit import H200_PROFILE, Fleet, Load, reconciled
-
-FAST_UP = ScaleRules(
-    stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
-)
+from tests.core.fleetkit import FAST_UP, H200_PROFILE, Fleet, Load, reconciled
 
 
 def _fleet(n: int, role: Role = Role.DECODE) -> Fleet:
