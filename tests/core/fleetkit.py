@@ -14,6 +14,7 @@ from planner.core import (
     DeploymentStatus,
     ForecastConfig,
     ForecastMethod,
+    Mode,
     Observation,
     PolicyKind,
     Reason,
@@ -35,7 +36,7 @@ from worker_shim.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequest
 # the measured H200 engine profile the core tests bootstrap their perf models from
 H200_PROFILE = Path(__file__).parents[2] / ".." / "shared" / "data" / "profiles" / "h200_llama31_8b_fp8_tp1"
 
-__all__ = ["FAST_UP", "Fleet", "Load", "Rollout", "Run", "hpa_config", "hpa_role", "reconciled"]
+__all__ = ["FAST_UP", "Fleet", "Load", "Rollout", "Run", "drive_decode_rates", "hpa_config", "hpa_role", "reconciled"]
 
 # a scale-up that lands the whole ask at once (+900 % per 15 s, no up window): the start-up and hold tests' fleets
 FAST_UP = ScaleRules(
@@ -356,3 +357,40 @@ class Rollout:
             self.pending, self.left = decision, self.ticks
             self.fleet.deploy(self.service, current, in_flight=True)
         return False
+
+
+def drive_decode_rates(
+    rates: Sequence[float], *, rollout_ticks: int | None = None
+) -> tuple[list[int], list[int], list[str]]:
+    """A decode service of 3 replicas in threshold mode (20 running requests per req/s: one replica per ~10 req/s)
+    with Holt's forecast floor one minute ahead and :data:`FAST_UP`, one tick per 5 s at ``rates``; each decision
+    settles at once, or ``rollout_ticks`` ticks later (:class:`Rollout`). Per tick: the deployment's count after the
+    tick, the load's count (the recommend stage) and the stabilize stage's detail."""
+    fleet = Fleet()
+    fleet.add_many(3, Role.DECODE)
+    fleet.deploy("decode", 3)
+    rollout = Rollout(fleet, "decode", rollout_ticks) if rollout_ticks is not None else None
+    rc = hpa_role(
+        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, forecast=ForecastConfig(method=ForecastMethod.HOLT)
+    )
+    config = CoreConfig(roles={Role.DECODE: rc})
+    state = CoreState()
+    counts: list[int] = []
+    loads: list[int] = []
+    details: list[str] = []
+    for tick, rate in enumerate(rates):
+        now = 5.0 * tick
+        fleet.publish_all(now, Load(decode=round(20 * rate), kv=round(200 * rate)))
+        state, decisions = fleet.tick(state, now, config, {Role.DECODE: Traffic(request_rate_per_s=rate)})
+        decision = decisions["decode"]
+        if rollout is not None:
+            rollout.settle(decision)
+        else:
+            fleet.apply(decision)
+        recommend = decision.stage(Stage.RECOMMEND)
+        stabilize = decision.stage(Stage.STABILIZE)
+        assert recommend is not None and stabilize is not None
+        counts.append(fleet.deployments["decode"].desired)
+        loads.append(recommend.replicas)
+        details.append(stabilize.detail)
+    return counts, loads, details

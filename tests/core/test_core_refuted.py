@@ -10,50 +10,17 @@ from __future__ import annotations
 
 import math
 
-from planner.core import (
-    CoreConfig,
-    CoreState,
-    ForecastConfig,
-    ForecastMethod,
-    Mode,
-    Stage,
-    Traffic,
-)
 from planner.core.forecast import beyond_counting_noise
 from planner.core.refuted import counted, track_peaks
-from planner.discovery import Role
-from tests.core.fleetkit import FAST_UP, Fleet, Load, hpa_role
+from tests.core.fleetkit import drive_decode_rates
 
 BASE = [30.0] * 72  # six minutes at 30 req/s: the planner's first window passes, the history learns the level
 BURST = [60.0, 90.0, 120.0]  # a burst to new highs: Holt's whole trend, a floor far above the load
 
 
 def _run(rates: list[float]) -> tuple[list[int], list[int], list[str]]:
-    """Per tick: the final count, the load's count (recommend) and the stabilize stage's detail."""
-    fleet = Fleet()
-    fleet.add_many(3, Role.DECODE)
-    fleet.deploy("decode", 3)
-    rc = hpa_role(
-        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, forecast=ForecastConfig(method=ForecastMethod.HOLT)
-    )
-    config = CoreConfig(roles={Role.DECODE: rc})
-    state = CoreState()
-    counts: list[int] = []
-    loads: list[int] = []
-    details: list[str] = []
-    for tick, rate in enumerate(rates):
-        now = 5.0 * tick
-        fleet.publish_all(now, Load(decode=round(20 * rate), kv=round(200 * rate)))
-        state, decisions = fleet.tick(state, now, config, {Role.DECODE: Traffic(request_rate_per_s=rate)})
-        decision = decisions["decode"]
-        fleet.apply(decision)
-        recommend = decision.stage(Stage.RECOMMEND)
-        stabilize = decision.stage(Stage.STABILIZE)
-        assert recommend is not None and stabilize is not None
-        counts.append(decision.final_replicas)
-        loads.append(recommend.replicas)
-        details.append(stabilize.detail)
-    return counts, loads, details
+    """Per tick: the deployment's count after the tick, the load's count and the stabilize stage's detail."""
+    return drive_decode_rates(rates)
 
 
 def test_a_burst_that_falls_is_held_at_the_loads_count_plus_one_not_at_its_floors_peak() -> None:

@@ -7,49 +7,15 @@ action takes three ticks to land (tests.core.fleetkit.Rollout)."""
 
 from __future__ import annotations
 
-from planner.core import (
-    CoreConfig,
-    CoreState,
-    ForecastConfig,
-    ForecastMethod,
-    Mode,
-    Stage,
-    Traffic,
-)
 from planner.core.served import remember_asked, served
-from planner.discovery import Role
-from tests.core.fleetkit import FAST_UP, Fleet, Load, Rollout, hpa_role
+from tests.core.fleetkit import drive_decode_rates
 
 BASE = [30.0] * 72  # six minutes at 30 req/s: the planner's first window passes, the history learns the level
 
 
 def _run(rates: list[float]) -> tuple[list[int], list[int], list[str]]:
     """Per tick: the deployment's count after the tick, the load's count and the stabilize stage's detail."""
-    fleet = Fleet()
-    fleet.add_many(3, Role.DECODE)
-    fleet.deploy("decode", 3)
-    rollout = Rollout(fleet, "decode")
-    rc = hpa_role(
-        mode=Mode.THRESHOLD, max_replicas=64, scale_up=FAST_UP, forecast=ForecastConfig(method=ForecastMethod.HOLT)
-    )
-    config = CoreConfig(roles={Role.DECODE: rc})
-    state = CoreState()
-    counts: list[int] = []
-    loads: list[int] = []
-    details: list[str] = []
-    for tick, rate in enumerate(rates):
-        now = 5.0 * tick
-        fleet.publish_all(now, Load(decode=round(20 * rate), kv=round(200 * rate)))
-        state, decisions = fleet.tick(state, now, config, {Role.DECODE: Traffic(request_rate_per_s=rate)})
-        decision = decisions["decode"]
-        rollout.settle(decision)
-        recommend = decision.stage(Stage.RECOMMEND)
-        stabilize = decision.stage(Stage.STABILIZE)
-        assert recommend is not None and stabilize is not None
-        counts.append(fleet.deployments["decode"].desired)
-        loads.append(recommend.replicas)
-        details.append(stabilize.detail)
-    return counts, loads, details
+    return drive_decode_rates(rates, rollout_ticks=3)
 
 
 def test_a_step_that_stays_is_held_at_what_the_ready_fleet_was_asked_not_at_the_floors_peak() -> None:
