@@ -46,14 +46,15 @@ mutate:
 	nice -n 15 $(BIN)/python scripts/mutate.py --jobs 2 --json docs/mutation-results.json --md docs/mutation-results.md
 
 # The fixed sample CI can afford (~4 min): the FPM schema, the store, the clamps and reconcile, the small, fast
-# SLA modules (backlog, prompt spread, tail, threshold) and the new replicas' hold and the ITL floor (newcomers,
-# latency_floor), their mutants numbered ...0 (about 1 in 10); fails when one of them scores under 85 %.
+# SLA modules (backlog, prompt spread, tail, threshold), the new replicas' hold and the ITL floor (newcomers,
+# latency_floor), the wind-up guard, the returned-level cap and the served cap (windup, returned, served), their
+# mutants numbered ...0 (about 1 in 10); fails when one of them scores under 85 %.
 mutate-sample:
 	nice -n 15 $(BIN)/python scripts/mutate.py --jobs 2 --sample 0 --fail-under 85 \
 	  --files worker_shim/fpm.py planner/ingest/store.py planner/ingest/drops.py planner/ingest/slots.py \
 	  planner/ingest/views.py planner/core/clamp.py planner/core/reconcile.py planner/core/backlog.py \
 	  planner/core/prompt_spread.py planner/core/tail.py planner/core/threshold.py planner/core/newcomers.py \
-	  planner/core/latency_floor.py planner/core/windup.py planner/core/returned.py
+	  planner/core/latency_floor.py planner/core/windup.py planner/core/returned.py planner/core/served.py
 
 lint:
 	$(BIN)/ruff check planner worker_shim perf_model tests
