@@ -388,10 +388,11 @@ def update_feedback(
             f"; not tightening: the backlog left from before the capacity came drains in"
             f" {draining_s:.0f} s, within a start-up ({startup_s:.0f} s)"
         )
+    since_s = now - in_flight_at if in_flight_at is not None else 0.0  # 0.0 is a time, not "none"
     if itl_stale_s is not None:
         detail += (
             f"; not tightening the ITL past the model's own: the requests reported decoded up to {itl_stale_s:.0f} s"
-            f" ((OSL p99 - 1) x ITL p99), longer than the {now - (in_flight_at or now):.0f} s since the capacity came"
+            f" ((OSL p99 - 1) x ITL p99), longer than the {since_s:.0f} s since the capacity came"
         )
     if frozen and "frozen" in hows:
         if in_flight or state.capped or (hold_until is not None and now < hold_until):
@@ -399,7 +400,7 @@ def update_feedback(
         else:
             detail += (
                 f"; not tightening: at least {before:.0%} of the requests reported arrived before the capacity"
-                f" came {now - (in_flight_at or now):.0f} s ago"
+                f" came {since_s:.0f} s ago"
             )
     return FeedbackUpdate(
         state=new,
