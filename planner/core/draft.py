@@ -256,7 +256,8 @@ def draft_service(
     # recommendations came back to is held (planner.core.returned)
     base_s = base_window_s(rc, sstate)
     span_s = max(down_window_s, hold[0]) if hold is not None else 0.0
-    returns = remember_returns(sstate.returns, refuted_recs, now, base_s, span_s)
+    # a level came back only if it came back as counted across a gap as asked: lowering a count never makes a return
+    returns = remember_returns(sstate.returns, refuted_recs, now, base_s, span_s, asked=recommendations)
     held_recs = capped_by_returns(refuted_recs, now, base_s, span_s, returns)
     held_checked = capped_by_returns(refuted_checked, now, base_s, span_s, returns)
     keep_events_s = max((p.period_s for p in (*rc.scale_up.policies, *rc.scale_down.policies)), default=0.0)

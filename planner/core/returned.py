@@ -33,19 +33,31 @@ __all__ = ["MEMORY_S", "capped_by_returns", "remember_returns", "returned_level"
 Entries = tuple[tuple[float, int], ...]
 
 
-def returned_level(entries: Sequence[tuple[float, int]], since: float, base_window_s: float) -> int | None:
+def returned_level(
+    entries: Sequence[tuple[float, int]],
+    since: float,
+    base_window_s: float,
+    asked: Sequence[tuple[float, int]] | None = None,
+) -> int | None:
     """The highest level ``v`` such that two entries at or above ``v`` after ``since`` are separated by entries
     all below ``v`` spanning more than ``base_window_s`` (from the last entry at or above ``v`` to the next one).
-    None when no level came back."""
-    span = [(at, value) for at, value in entries if at > since]
-    for level in sorted({value for _, value in span}, reverse=True):
-        last_at: float | None = None
-        for at, value in span:
-            if value < level:
+    None when no level came back.
+
+    ``asked``: the same recommendations as asked, when ``entries`` are them as the holds count them (lowered by the
+    served and refuted caps, never raised); the gap must then be one as asked too: an entry asked at or above ``v``
+    ends it even where it counts lower, and both ends must count at or above ``v``: so lowering a count never makes
+    a return (an episode asked at or above ``v`` throughout, its ticks capped below ``v`` in between, comes back as
+    counted but was never left as asked), nor raises the level found."""
+    as_asked = dict(asked) if asked is not None else {}
+    span = [(at, value, max(value, as_asked.get(at, value))) for at, value in entries if at > since]
+    for level in sorted({value for _, value, _ in span}, reverse=True):
+        last: tuple[float, bool] | None = None  # (at, counted at or above the level) of the last ask at or above it
+        for at, value, asked_value in span:
+            if asked_value < level:
                 continue
-            if last_at is not None and at - last_at > base_window_s:
+            if value >= level and last is not None and last[1] and at - last[0] > base_window_s:
                 return level
-            last_at = at
+            last = (at, value >= level)
     return None
 
 
@@ -55,15 +67,21 @@ MEMORY_S = 1800.0  # as long as a re-buy is remembered (planner.core.startup)
 
 
 def remember_returns(
-    returns: Returns, entries: Entries, now: float, base_window_s: float, span_s: float, memory_s: float = MEMORY_S
+    returns: Returns,
+    entries: Entries,
+    now: float,
+    base_window_s: float,
+    span_s: float,
+    memory_s: float = MEMORY_S,
+    asked: Entries | None = None,
 ) -> Returns:
     """The returns remembered after this tick: those of the last ``memory_s`` not superseded, plus this tick's
-    (:func:`returned_level` over the last ``span_s``) when a level came back; a newer return at the same level or
-    higher supersedes an older one."""
+    (:func:`returned_level` over the last ``span_s``, its gaps judged as ``asked`` when given) when a level came
+    back; a newer return at the same level or higher supersedes an older one."""
     kept = tuple((at, level) for at, level in returns if at > now - memory_s)
     if span_s <= base_window_s:
         return kept
-    level = returned_level(entries, now - span_s, base_window_s)
+    level = returned_level(entries, now - span_s, base_window_s, asked)
     if level is None:
         return kept
     return (*((at, old) for at, old in kept if old > level), (now, level))

@@ -22,7 +22,7 @@ from planner.core import (
 )
 from planner.core.returned import capped_by_returns, remember_returns, returned_level
 from planner.discovery import Role
-from tests.core.fleetkit import Fleet, Load
+from tests.core.fleetkit import Fleet, Load, drive_decode_rates
 
 _UP = ScaleRules(
     stabilization_window_s=0.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=900.0, period_s=15.0),)
@@ -30,6 +30,8 @@ _UP = ScaleRules(
 _DOWN = ScaleRules(
     stabilization_window_s=30.0, policies=(ScalingPolicy(kind=PolicyKind.PERCENT, value=100.0, period_s=15.0),)
 )
+
+BASE_30 = [30.0] * 72  # six minutes at 30 req/s: the planner's first window passes, the history learns the level
 
 
 def _config() -> CoreConfig:
@@ -103,3 +105,30 @@ def test_old_entries_are_capped_at_the_highest_return_and_recent_ones_are_not() 
     assert capped_by_returns(entries, 100.0, 30.0, 600.0, ((40.0, 5),)) == ((0.0, 5), (50.0, 3), (90.0, 9))
     assert capped_by_returns(entries, 100.0, 30.0, 600.0, ()) == ((0.0, 0), (50.0, 0), (90.0, 9))
     assert capped_by_returns(entries, 100.0, 30.0, 30.0, ()) == entries
+
+
+def test_a_return_is_looked_for_across_a_gap_as_asked_so_lowering_a_count_never_makes_one() -> None:
+    """A decode service (threshold, Holt's floor; each action lands two ticks later), bursts of 120 req/s for
+    120 s every 320 s (3 req/s between). The second onset's floor asks 26 (680-690 s), 24, 21, 18, 15 (720 s) while the
+    load asks 12-13; the rate falls after the burst, so these refuted peaks count at the load's count + 1: 14 until
+    690 s, 13 after. The third onset asks 24-25 from 1,000 s. As counted, 14 was left at 690 s and asked again at
+    1,000 s (310 s, beyond the 300 s base window): the old code saw 14 "come back" and held it through the third
+    burst's gap (14 from 1,060 s to 1,285 s). As asked, the burst asked 15 until 720 s, 280 s before: no return, the
+    fleet follows the load to 12."""
+    counts, _, details = drive_decode_rates(BASE_30 + ([120.0] * 24 + [3.0] * 40) * 4, rollout_ticks=2)
+    assert counts[204:212] == [24] * 8  # the third onset's floor (asked at 1,000 s), landed and held
+    assert counts[212:266] == [12] * 54  # before: 14, then 13
+    assert "came back to (0) is held: 12, not 14" in details[212]
+
+
+def test_returned_level_looks_for_the_gap_as_asked_and_both_ends_as_counted() -> None:
+    asked = ((0.0, 30), (5.0, 30), (50.0, 30), (100.0, 30), (200.0, 1), (260.0, 30))
+    counted = ((0.0, 26), (5.0, 20), (50.0, 20), (100.0, 20), (200.0, 1), (260.0, 26))
+    # as counted, 26 came back after 260 s; as asked 30 was asked until 100 s, 160 s before: no gap of 200 s
+    assert returned_level(counted, -1.0, 200.0) == 26
+    assert returned_level(counted, -1.0, 200.0, asked) is None
+    assert returned_level(counted, -1.0, 150.0, asked) == 20  # 20 counted at 100 s, then 260 s: 160 s apart
+    # the ask that left the level must count at or above it too: 26 was left counting 20 at 100 s
+    assert returned_level(counted, -1.0, 100.0, asked) == 20
+    assert returned_level(asked, -1.0, 150.0, asked) == returned_level(asked, -1.0, 150.0) == 30  # nothing capped
+    assert remember_returns((), counted, 260.0, 200.0, 600.0, 1800.0, asked) == ()
