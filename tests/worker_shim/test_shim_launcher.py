@@ -1,7 +1,8 @@
 """``fpm-worker`` as a real process: a real vLLM engine, a stand-in registration API over HTTP.
 
-- restore + shim: the id is synced to the engine before the worker registers; the lease is renewed; the FPM
-  endpoint publishes under the id; SIGTERM deregisters and exits 0;
+- restore + shim, relaying to a real nats-server: the id is synced to the engine before the worker registers; the
+  lease is renewed; the FPM endpoint publishes under the id; SIGTERM deregisters, exits 0 and stops the relay with
+  the engine (no process of the launcher's group is left);
 - restore against an engine without the shim's scheduler: the sync fails with a clear error, the launcher shuts
   the engine down and exits 3 without a single request to the registration API;
 - bad arguments exit 2 before any engine starts.
@@ -17,17 +18,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("vllm")
 
 from tests.fakes.registration_server import RegistrationServer
 from tests.fakes.tiny_vllm import FpmCollector, free_port, free_port_base, tiny_engine_env, write_tiny_llama
+from tests.planner.nats_support import NatsServer, server_config, wait_until
 from worker_shim.launcher import EXIT_BAD_CONFIG, EXIT_SYNC_FAILED
 
 pytestmark = pytest.mark.vllm
 
 TOKEN = "test-token"
+NS = "prod"
 
 
 def _command() -> list[str]:
@@ -71,13 +75,12 @@ class Launched:
         return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with_signal = self.proc.pid
-            try:
-                os.killpg(with_signal, signal.SIGKILL)  # our own launcher's process group
-            except ProcessLookupError:
-                pass
-            self.proc.wait(30)
+        """Kills what is left of our own launcher's process group (the launcher, or a relay or engine it left)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
         self._log.close()
 
 
@@ -87,6 +90,37 @@ def launch(tmp_path: Path) -> Iterator[list[Launched]]:
     yield started
     for launched in started:
         launched.stop()
+
+
+def relay_children(parent_pid: int) -> list[int]:
+    """Processes whose parent is ``parent_pid`` and that run ``worker_shim.relay``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if ppid == parent_pid and b"worker_shim.relay" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _engine_args(model: Path, port: int) -> list[str]:
@@ -109,14 +143,17 @@ def _engine_args(model: Path, port: int) -> list[str]:
     ]
 
 
-def test_restore_syncs_then_registers_renews_and_deregisters(
+def test_restore_syncs_then_registers_renews_and_deregisters_and_stops_the_relay(
     tiny_model: Path, token_file: Path, tmp_path: Path, launch: list[Launched]
 ) -> None:
-    base = free_port_base(1)
-    with RegistrationServer(token=TOKEN) as api:
+    base = free_port_base(2)  # base: the shim's FPM port, base + 1: the OpenAI server's
+    password = tmp_path / "nats-password"
+    password.write_text("pw1\n")
+    server_cfg = server_config(NS, workers={"w-launched": "pw1"}, consumers={"planner": "pp"})
+    with RegistrationServer(token=TOKEN) as api, NatsServer(server_cfg, tmp_path) as nats:
         launched = Launched(
             [
-                *_engine_args(tiny_model, free_port()),
+                *_engine_args(tiny_model, base + 1),
                 "--worker-id",
                 "w-launched",
                 "--role",
@@ -132,6 +169,12 @@ def test_restore_syncs_then_registers_renews_and_deregisters(
                 "1.5",
                 "--advertise-host",
                 "127.0.0.1",
+                "--relay-nats-url",
+                nats.url,
+                "--relay-namespace",
+                NS,
+                "--relay-password-file",
+                str(password),
             ],
             base,
             tmp_path / "launcher.log",
@@ -140,6 +183,8 @@ def test_restore_syncs_then_registers_renews_and_deregisters(
         assert launched.wait_for_log("fpm-worker: registered", 600), launched.log()[-3000:]
         log = launched.log()
         assert log.index("synced on DP ranks [0]") < log.index("fpm-worker: registered")
+        assert "relaying FPM of 1 rank(s) to NATS" in log
+        wait_until(lambda: bool(relay_children(launched.proc.pid)), timeout_s=60, what="the launcher's relay child")
         with FpmCollector([f"tcp://127.0.0.1:{base}"]) as collector:
             assert collector.wait_for(lambda c: len(c.samples()) >= 3, timeout_s=30)
             assert {s.worker_id for s in collector.samples()} == {"w-launched"}
@@ -155,10 +200,13 @@ def test_restore_syncs_then_registers_renews_and_deregisters(
         assert first.body["capacity"]["max_num_seqs"] == 16 and first.body["capacity"]["max_model_len"] == 512
         assert first.body["capacity"]["kv_capacity_tokens"] > 0
         assert api.methods().count("PUT") >= 3  # renewed every ttl/3
+        # the OpenAI server is up (its SIGTERM handler with it) before the engine is asked to stop
+        wait_until(lambda: _healthy(base + 1), timeout_s=300, what="the OpenAI server's /health")
         launched.proc.send_signal(signal.SIGTERM)
         assert launched.proc.wait(120) == 0, launched.log()[-3000:]
         assert api.methods()[-1] == "DELETE"
         assert "w-launched" not in api.workers
+        wait_until(lambda: not _group_alive(launched.proc.pid), timeout_s=30, what="no relay or engine left")
 
 
 def test_failed_sync_shuts_the_engine_down_and_never_registers(
