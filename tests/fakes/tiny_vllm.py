@@ -303,6 +303,11 @@ class FpmCollector:
                 return list(self._samples[endpoint])
             return [s for e in self.endpoints for s in self._samples[e]]
 
+    def idle(self) -> bool:
+        """Every endpoint heard, and its latest sample a heartbeat: no step sent earlier is still on its way."""
+        with self._lock:
+            return all(samples and samples[-1].is_heartbeat for samples in self._samples.values())
+
     def clear(self) -> None:
         with self._lock:
             for samples in self._samples.values():

@@ -6,7 +6,6 @@ within what vLLM's own per-request stats (``RequestOutput.metrics``) measured ar
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -14,7 +13,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from planner.ingest.traffic import TrafficWindows
-from tests.fakes.tiny_vllm import FpmCollector, TinyEngine, write_tiny_llama
+from tests.fakes.tiny_vllm import FpmCollector, TinyEngine
 from worker_shim.fpm import ForwardPassMetrics, StepTraffic
 from worker_shim.identity import STATS_METHOD
 
@@ -25,15 +24,10 @@ MAX_TOKENS = 7
 CLOCKS_S = 0.002  # wall vs monotonic clock reads in one process, summed over the requests
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TinyEngine, FpmCollector]]:
-    model = write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-traffic"))
-    with (
-        TinyEngine(model, worker_id="w-traffic", log_stats=True) as eng,
-        FpmCollector(eng.endpoints) as collector,
-    ):
-        assert collector.wait_for(lambda c: bool(c.samples()), timeout_s=30), "no heartbeat"
-        yield eng, collector
+@pytest.fixture()
+def engine(shared_engine: tuple[TinyEngine, FpmCollector]) -> tuple[TinyEngine, FpmCollector]:
+    """The suite's shared engine (``tests/conftest.py``): DP=1, idle, vLLM's own per-request stats on."""
+    return shared_engine
 
 
 def _prompts() -> list[list[int]]:

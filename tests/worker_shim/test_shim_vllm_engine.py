@@ -1,10 +1,10 @@
 """The shim inside real vLLM CPU engines (tiny random-weight Llama, no download), DP=1 and DP=2.
 
-Four engines, each shared by the tests of one fixture: cold-started with an id (DP 1, 2) and started without one,
-as a snapshot-restored engine is (DP 1, 2). The restored engines reproduce the bug first (samples under ``""``),
-then show that a rank that does not answer fails the sync within its timeout, then that after
-:func:`worker_shim.sync_worker_id` every rank's step samples and heartbeats carry the id, end to end through the
-planner's FpmSubscriber and FleetStore.
+Four engines, each shared by the tests of one fixture: cold-started with an id (DP 1: the suite's shared engine,
+``tests/conftest.py``; DP 2) and started without one, as a snapshot-restored engine is (DP 1, 2). The restored
+engines reproduce the bug first (samples under ``""``), then show that a rank that does not answer fails the sync
+within its timeout, then that after :func:`worker_shim.sync_worker_id` every rank's step samples and heartbeats
+carry the id, end to end through the planner's FpmSubscriber and FleetStore.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
 def cold(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[tuple[TinyEngine, FpmCollector]]:
     dp: int = request.param
+    if dp == 1:  # the suite's shared engine: DP=1, cold-started with an id; idle before these tests start
+        engine, collector = request.getfixturevalue("shared_engine_session")
+        assert collector.wait_for(
+            lambda c: all(c.samples(e)[-1:] and c.samples(e)[-1].is_heartbeat for e in c.endpoints)
+        )
+        yield engine, collector
+        return
     with (
         TinyEngine(tiny_model, dp_size=dp, worker_id=f"w-cold-{dp}") as engine,
         FpmCollector(engine.endpoints) as collector,
