@@ -53,6 +53,10 @@ T = TypeVar("T")
 
 SHIM_SCHEDULER = "worker_shim.InstrumentedScheduler"
 PLAIN_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+# The model runs eagerly: vLLM's CPU platform would otherwise trace it with Dynamo and compile it with Inductor in
+# every engine's worker process (30-60 s each here, more than the rest of an engine start). What the tests read,
+# the scheduler's FPM, does not depend on how the forward pass was compiled. ``--enforce-eager`` for launchers.
+ENFORCE_EAGER = True
 
 
 def free_port() -> int:
@@ -190,6 +194,7 @@ class TinyEngine:
             scheduler_cls=self.scheduler_cls,
             disable_log_stats=not self.log_stats,
             seed=0,
+            enforce_eager=ENFORCE_EAGER,
         )
 
         async def build() -> Any:

@@ -136,6 +136,7 @@ def _engine_args(model: Path, port: int) -> list[str]:
         "--max-num-seqs",
         "16",
         "--no-enable-prefix-caching",
+        "--enforce-eager",  # as tests.fakes.tiny_vllm.ENFORCE_EAGER: no Inductor compile per engine start
         "--port",
         str(port),
         "--host",
