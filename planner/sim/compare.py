@@ -16,6 +16,7 @@ from perf_model.api import PerfPredictor
 from planner.core import CoreConfig, RoleConfig, SlaTargets, load_config
 from planner.discovery import Role
 from planner.errors import ConfigError
+from planner.sim.decision_log import DecisionSink
 from planner.sim.fleet import FleetConfig
 from planner.sim.metrics import PolicySummary, SlaConfig, TimelinePoint, summarize
 from planner.sim.policies import DynamoRulesPolicy, HpaQueuePolicy, OursPolicy
@@ -82,12 +83,14 @@ def compare(
     predictors: Mapping[Role, PerfPredictor] | None = None,
     progress: Progress | None = None,
     reuse: Mapping[str, Any] | None = None,
+    decision_sink: DecisionSink | None = None,
 ) -> dict[str, Any]:
     """Run ``policies`` (names from :data:`POLICIES`) on ``trace``; returns the JSON document.
 
     ``reuse``: an earlier document for the same trace and settings; the policies it holds that are not asked
     for here are carried over (the oracle included, so a new "ours" configuration is compared without
-    recomputing the baselines)."""
+    recomputing the baselines). ``decision_sink``: handed every decision "ours" makes
+    (:mod:`planner.sim.decision_log`); the other policies make none."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ConfigError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
@@ -193,6 +196,7 @@ def compare(
                     tick_s=settings.tick_s,
                     predictors=predictors,
                     pass_traffic=settings.pass_traffic,
+                    decision_sink=decision_sink,
                 ),
             )
         )

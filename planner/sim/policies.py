@@ -31,6 +31,7 @@ from planner.core import CoreConfig, CoreState, Decision, DeploymentStatus, Obse
 from planner.discovery import Role
 from planner.ingest.store import FleetStore
 from planner.ingest.traffic import TrafficWindows, role_traffic
+from planner.sim.decision_log import DecisionSink
 from planner.sim.fleet import FpmSink, ReplicaState, SimFleet, StoreSink
 from planner.sim.metrics import SlaConfig
 from planner.sim.timing import StepTimer
@@ -218,7 +219,8 @@ class OursPolicy:
     """The planner's decision core on real FPM (see module docstring). ``pass_traffic`` hands the core the
     traffic the service takes: from the FPM traffic extension of the samples stored, per role's service, over
     each role's ``traffic_window_s`` (:func:`planner.ingest.traffic.role_traffic`), not from the router; the
-    ``traffic_window_s`` argument sets it for every role."""
+    ``traffic_window_s`` argument sets it for every role. ``decision_sink`` is handed every decision of every tick
+    (:mod:`planner.sim.decision_log`; ``fpm-planner replay --decisions-jsonl``)."""
 
     def __init__(
         self,
@@ -229,6 +231,7 @@ class OursPolicy:
         predictors: Mapping[Role, PerfPredictor] | None = None,
         pass_traffic: bool = True,
         traffic_window_s: float | None = None,
+        decision_sink: DecisionSink | None = None,
     ) -> None:
         self.name = "ours"
         if traffic_window_s is not None:  # every role reads (and the core counts) the window asked for
@@ -246,6 +249,7 @@ class OursPolicy:
         self.reasons: Counter[str] = Counter()
         self.modes: Counter[str] = Counter()
         self.last_decisions: tuple[Decision, ...] = ()
+        self.decision_sink = decision_sink
         self._fleet: SimFleet | None = None
 
     def make_sink(self) -> FpmSink | None:
@@ -281,6 +285,8 @@ class OursPolicy:
         self.state, decisions = step(self.state, obs, now, self.config, predictors=self.predictors)
         self.last_decisions = decisions
         for decision in decisions:
+            if self.decision_sink is not None:
+                self.decision_sink(now, decision)
             self.modes[decision.mode] += 1
             for reason in decision.reasons:
                 self.reasons[reason] += 1
