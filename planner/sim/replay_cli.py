@@ -17,12 +17,14 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from planner.errors import ConfigError, PlannerError
 from planner.sim.compare import POLICIES, CompareSettings, compare
+from planner.sim.decision_log import DecisionLog
 from planner.sim.engine import EngineConfig
 from planner.sim.fleet import FleetConfig, RouterKind, StartupMode
 from planner.sim.metrics import SlaConfig
@@ -55,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=",".join(POLICIES), help=f"comma list of {','.join(POLICIES)}")
     parser.add_argument("--json", dest="json_out", default=None, help="write the result document here")
     parser.add_argument("--report", default=None, help="write an HTML report (inline SVG plots) into this dir")
+    parser.add_argument(
+        "--decisions-jsonl",
+        default=None,
+        metavar="PATH",
+        help="write every decision of the ours policy (only ours; the other policies are not logged) to this file, "
+        'one JSON line per tick and service: {"now": ..., "decision": {...}} (planner/sim/decision_log.py)',
+    )
     parser.add_argument("--ttft-ms", type=float, default=2000.0, help="SLA: TTFT target")
     parser.add_argument("--itl-ms", type=float, default=50.0, help="SLA: ITL target")
     parser.add_argument("--attainment", type=float, default=0.99, help="SLA attainment goal (fraction)")
@@ -154,6 +163,11 @@ def check_outputs(args: argparse.Namespace) -> None:
         if report.exists() and not report.is_dir():
             raise ConfigError(f"--report {report}: exists and is not a directory")
         _writable_dir(report, "--report")
+    if args.decisions_jsonl:
+        log = Path(args.decisions_jsonl)
+        if log.is_dir():
+            raise ConfigError(f"--decisions-jsonl {log}: is a directory; give a file path")
+        _writable_dir(log.parent, "--decisions-jsonl")
 
 
 def _writable_dir(path: Path, flag: str) -> None:
@@ -174,44 +188,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    decision_log: DecisionLog | None = None
     try:
         check_outputs(args)
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-        timer = default_timer(args.profile)
-        overhead_s = ttft_overhead_s(timer)
-        settings = settings_from_args(args, overhead_s)
-        trace = scenario_trace(args.scenario, seed=args.seed) if args.scenario else load_trace(args.trace)
-        if args.time_scale != 1.0:
-            trace = compress_time(trace, args.time_scale)
-        trace = scale_rate(trace, args.rate_scale, seed=args.seed, shift_s=args.shift_s)
-        if args.duration_s is not None:
-            n = int(np.searchsorted(trace.arrival_s, args.duration_s, side="right"))
-            if n == 0:
-                raise ConfigError(f"no requests in the first {args.duration_s} s")
-            trace = msgspec.structs.replace(
-                trace, arrival_s=trace.arrival_s[:n], isl=trace.isl[:n], osl=trace.osl[:n], hash_ids=trace.hash_ids[:n]
-            )
-        predictors = None if args.no_perf_model else profile_predictors(args.profile, settings)
-        reuse = None
-        if args.reuse:
-            try:
-                reuse = json.loads(Path(args.reuse).read_text())
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"cannot read --reuse {args.reuse}: {exc}") from exc
-        doc = compare(
-            trace,
-            policies,
-            settings=settings,
-            timer=timer,
-            predictors=predictors,
-            progress=_Bar(not args.quiet),
-            reuse=reuse,
-        )
+        if args.decisions_jsonl:
+            if "ours" not in policies:
+                raise ConfigError("--decisions-jsonl logs the ours policy's decisions; add ours to --policy")
+            decision_log = DecisionLog(args.decisions_jsonl)  # opened (and a bad path refused) before the replay
+        doc = _replay(args, policies, decision_log)
     except PlannerError as exc:
         print(f"fpm-planner replay: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if decision_log is not None:
+            decision_log.close()
     doc["command"] = "fpm-planner replay " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    doc["timer"] = type(timer).__name__
     for name, p in doc["policies"].items():
         ratio = p["gpu_hours_vs_oracle"]
         print(
@@ -222,6 +214,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     if doc["goals"]:
         print("goals: " + json.dumps(doc["goals"]))
+    if decision_log is not None:
+        print(f"decisions: {decision_log.path} ({decision_log.lines} lines)")
     try:
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str))
@@ -233,3 +227,40 @@ def _run(args: argparse.Namespace) -> int:
         print(f"fpm-planner replay: cannot write the output: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _replay(args: argparse.Namespace, policies: list[str], decision_log: DecisionLog | None) -> dict[str, Any]:
+    """Build the trace, settings and predictors from ``args`` and run :func:`compare`; the result document."""
+    timer = default_timer(args.profile)
+    overhead_s = ttft_overhead_s(timer)
+    settings = settings_from_args(args, overhead_s)
+    trace = scenario_trace(args.scenario, seed=args.seed) if args.scenario else load_trace(args.trace)
+    if args.time_scale != 1.0:
+        trace = compress_time(trace, args.time_scale)
+    trace = scale_rate(trace, args.rate_scale, seed=args.seed, shift_s=args.shift_s)
+    if args.duration_s is not None:
+        n = int(np.searchsorted(trace.arrival_s, args.duration_s, side="right"))
+        if n == 0:
+            raise ConfigError(f"no requests in the first {args.duration_s} s")
+        trace = msgspec.structs.replace(
+            trace, arrival_s=trace.arrival_s[:n], isl=trace.isl[:n], osl=trace.osl[:n], hash_ids=trace.hash_ids[:n]
+        )
+    predictors = None if args.no_perf_model else profile_predictors(args.profile, settings)
+    reuse = None
+    if args.reuse:
+        try:
+            reuse = json.loads(Path(args.reuse).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read --reuse {args.reuse}: {exc}") from exc
+    doc = compare(
+        trace,
+        policies,
+        settings=settings,
+        timer=timer,
+        predictors=predictors,
+        progress=_Bar(not args.quiet),
+        reuse=reuse,
+        decision_sink=decision_log,
+    )
+    doc["timer"] = type(timer).__name__
+    return doc
