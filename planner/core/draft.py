@@ -247,9 +247,12 @@ def draft_service(
     rate_seen = traffic.request_rate_per_s if traffic is not None else None
     peaks = track_peaks(sstate.floor_peaks, recommendations, now, value, came, rate_seen, rc.traffic_window_s)
     # a count asked while capacity was coming counts at most what the ready fleet was asked (planner.core.served)
-    asked = remember_asked(sstate.asked, recommendations, now, rate_seen, settled)
-    served_recs = served(recommendations, asked, rc.traffic_window_s)
-    served_checked = served(checked_recommendations, asked, rc.traffic_window_s)
+    # a forecast floor above the load's own count is a prediction, not what the fleet was asked at that rate: the
+    # holds count it at most what the settled fleet was asked later at a rate not below it, as an unsettled ask
+    load_count = apply_bounds(load_value, rc.min_replicas, rc.max_replicas, rc.actuator_bounds).replicas
+    asked = remember_asked(sstate.asked, recommendations, now, rate_seen, settled, value > load_count)
+    served_recs = served(recommendations, asked, rc.traffic_window_s, rc.forecast.horizon_s)
+    served_checked = served(checked_recommendations, asked, rc.traffic_window_s, rc.forecast.horizon_s)
     refuted_recs = counted(served_recs, peaks)
     refuted_checked = counted(served_checked, peaks)
     # beyond the base window, while the traffic's falls and comebacks are remembered, only a level the

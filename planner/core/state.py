@@ -27,9 +27,10 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     # count + 1: once the rate fell beyond the noise below the rate asked at, the holds count them at the load's count
     # + 1 (planner.core.refuted).
     floor_peaks: tuple[tuple[float, float, int, bool], ...] = ()
-    # (at, request rate, settled) of each recommendation: one asked while capacity was still coming counts in the
-    # holds at most what the fleet, once ready, was asked at that rate (planner.core.served).
-    asked: tuple[tuple[float, float | None, bool], ...] = ()
+    # (at, request rate, settled, predicted) of each recommendation: one asked while capacity was still coming, or a
+    # forecast floor above the load's count, counts in the holds at most what the fleet, settled, was asked at that
+    # rate (planner.core.served).
+    asked: tuple[tuple[float, float | None, bool, bool], ...] = ()
     # (at, level) of the levels the recommendations came back to after more than a base scale-down window below them
     # (planner.core.returned): beyond the base window, the long holds keep no higher than the highest of them.
     returns: tuple[tuple[float, int], ...] = ()

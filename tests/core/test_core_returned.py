@@ -113,12 +113,13 @@ def test_a_return_is_looked_for_across_a_gap_as_asked_so_lowering_a_count_never_
     load asks 12-13; the rate falls after the burst, so these refuted peaks count at the load's count + 1: 14 until
     690 s, 13 after. The third onset asks 24-25 from 1,000 s. As counted, 14 was left at 690 s and asked again at
     1,000 s (310 s, beyond the 300 s base window): the old code saw 14 "come back" and held it through the third
-    burst's gap (14 from 1,060 s to 1,285 s). As asked, the burst asked 15 until 720 s, 280 s before: no return, the
-    fleet follows the load to 12."""
+    burst's gap (14 from 1,060 s to 1,285 s). As asked, the burst asked 15 until 720 s, 280 s before: no return.
+    The third onset's 24-25, asked of a settled fleet, stand until the minute they forecast came (planner.core.served,
+    HOLD4), then the load's 12 + 1 they were asked with: 13 through the gap (before HOLD4: 12 from 1,060 s)."""
     counts, _, details = drive_decode_rates(BASE_30 + ([120.0] * 24 + [3.0] * 40) * 4, rollout_ticks=2)
-    assert counts[204:212] == [24] * 8  # the third onset's floor (asked at 1,000 s), landed and held
-    assert counts[212:266] == [12] * 54  # before: 14, then 13
-    assert "came back to (0) is held: 12, not 14" in details[212]
+    assert counts[203:211] == [24] * 8  # the third onset's floor (asked at 1,000 s), landed and held
+    assert counts[211:266] == [13] * 55  # before: 14 from 1,060 s
+    assert "came back to (0) is held: 13, not 14" in details[210]
 
 
 def test_returned_level_looks_for_the_gap_as_asked_and_both_ends_as_counted() -> None:
