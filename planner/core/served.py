@@ -19,7 +19,10 @@ So once the fleet has been asked again, settled, at a request rate not below the
 was asked at (beyond the counting noise of two traffic windows, :func:`planner.core.forecast.beyond_counting_noise`),
 that entry counts at most the highest such settled entry: the level the traffic needed once the capacity had come and
 the backlog drained. Until then (the burst ended before the fleet settled, or no rate is known) it counts as asked:
-nothing says the count was a transient, and the holds keep betting on its return as before. No knob.
+nothing says the count was a transient, and the holds keep betting on its return as before. An ask at a rate within
+the counting noise of no traffic is no such evidence: on an idle trickle (0-3 requests per 10 s window) "not below"
+holds for ticks that saw no request, and the floor's spare was released on them (``surge_from_idle`` seed 9: one
+replica fewer ready when the surge came, 100.00 -> 94.07 %). No knob.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ def served(entries: Entries, asked: Asked, window_s: float, horizon_s: float = 0
     """``entries`` as the holds count them: one asked unsettled, at most the highest entry asked settled after it at a
     rate not below its own beyond the noise (``window_s``: the traffic window); one predicted (a forecast floor above
     the load) on a settled fleet, the same, but only by the entries asked once the time it forecast came
-    (``horizon_s``, the forecast's horizon, after it). A settled entry is evidence as asked, a predicted one too.
-    ``entries`` itself when none changes."""
+    (``horizon_s``, the forecast's horizon, after it). A settled entry is evidence as asked, a predicted one too,
+    when its rate is beyond the counting noise of no traffic. ``entries`` itself when none changes."""
     info = {at: (rate, settled, predicted) for at, rate, settled, predicted in asked}
     later: list[tuple[float, float, int]] = []  # (at, rate, value) of the settled entries after the one looked at
     out: list[tuple[float, int]] = []
@@ -75,7 +78,9 @@ def served(entries: Entries, asked: Asked, window_s: float, horizon_s: float = 0
             if served_at and max(served_at) < value:
                 value = max(served_at)
                 changed = True
-        if settled and rate is not None:
+        if settled and rate is not None and beyond_counting_noise(rate, 0.0, window_s):
+            # an ask at a rate the window's counts cannot tell from no traffic says nothing of what a rate needed:
+            # with it, a trickle's forecast floor was judged by ticks that may have seen no request at all
             later.append((at, rate, asked_value))
         out.append((at, value))
     if not changed:

@@ -119,6 +119,26 @@ def test_a_predicted_ask_is_capped_like_an_unsettled_one_and_is_evidence_as_aske
     assert served(entries, fell, 10.0) is entries  # the rate fell: no evidence of what 45 req/s needs
 
 
+def test_a_trickles_floor_is_not_judged_by_asks_at_a_rate_the_counts_cannot_tell_from_no_traffic() -> None:
+    """An idle trickle (0-3 requests per 10 s window): the forecast floor asks 3 at 45 s at 0.2 req/s (Holt's trend
+    of one request, on a replica whose derived capacity is the trickle itself), and after the minute it forecast the
+    settled fleet is asked 2 and 1 at 0.1-0.2 req/s and at none. Those rates are within the window's counting noise
+    of no traffic (2 sd: more than 4 requests), so they are no evidence of what 0.2 req/s needed: the 3 counts as
+    asked, as before HOLD4 (which capped it at 2 at 125 s: surge_from_idle seed 9 agg cold, one replica fewer ready
+    when 60 req/s came at 545 s, 100.00 -> 94.07 %). An ask at a rate the counts show still judges it."""
+    entries = ((45.0, 3), (105.0, 2), (110.0, 2), (115.0, 1), (120.0, 1))
+    trickle = (
+        (45.0, 0.2, True, True),
+        (105.0, 0.2, True, True),
+        (110.0, 0.1, True, True),
+        (115.0, 0.0, True, False),
+        (120.0, 0.0, True, False),
+    )
+    assert served(entries, trickle, 10.0, 60.0) is entries  # HOLD4 alone: ((45.0, 2), ...)
+    shown = ((45.0, 0.2, True, True), (105.0, 0.2, True, True), (110.0, 2.0, True, True), *trickle[3:])
+    assert served(entries, shown, 10.0, 60.0) == ((45.0, 2), *entries[1:])  # 2 asked at 2 req/s (20 requests)
+
+
 def test_asks_are_remembered_with_their_recommendation_and_this_ticks_replaces_a_same_time_one() -> None:
     asked = remember_asked((), ((0.0, 3),), 0.0, 30.0, False)
     assert asked == ((0.0, 30.0, False, False),)
