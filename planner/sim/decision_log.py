@@ -10,14 +10,13 @@ to a file, one :class:`LoggedDecision` per line, JSON encoded by msgspec::
 
 ``decision`` is the core's own record, whole (docs/decision_core.md, reasons in docs/reasons.md); a line decodes
 back with ``msgspec.json.decode(line, type=LoggedDecision)``. Lines are buffered and flushed when the log is
-closed; the log is a context manager, so the file is closed when the replay fails too.
+closed (``fpm-planner replay`` closes it in a ``finally``: when the replay fails too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
 import msgspec
@@ -59,11 +58,3 @@ class DecisionLog:
 
     def close(self) -> None:
         self._file.close()
-
-    def __enter__(self) -> DecisionLog:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
