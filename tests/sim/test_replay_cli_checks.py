@@ -12,21 +12,25 @@ from planner.cli import main
 FAST = ["replay", "--scenario", "surge_from_idle", "--policy", "fixed", "--duration-s", "30", "--quiet"]
 
 
-def test_a_json_path_that_is_a_directory_is_refused_before_the_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("flag", ["--json", "--decisions-jsonl"])
+def test_an_output_file_path_that_is_a_directory_is_refused_before_the_run(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([*FAST, "--json", str(tmp_path)]) == 2
+    assert main([*FAST, flag, str(tmp_path)]) == 2
     out, err = capsys.readouterr()
-    assert f"--json {tmp_path}: is a directory" in err and "Traceback" not in err
+    assert f"{flag} {tmp_path}: is a directory" in err and "Traceback" not in err
     assert "attainment" not in out  # nothing ran
 
 
-def test_a_json_path_under_a_file_is_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("flag", ["--json", "--decisions-jsonl"])
+def test_an_output_file_path_under_a_file_is_refused_before_the_run(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    assert main([*FAST, "--json", str(blocker / "out.json")]) == 2
+    assert main([*FAST, flag, str(blocker / "out.json")]) == 2
     out, err = capsys.readouterr()
-    assert "--json: cannot create directory" in err and "attainment" not in out
+    assert f"{flag}: cannot create directory" in err and "attainment" not in out
 
 
 def test_a_report_path_that_is_a_file_is_refused_before_the_run(

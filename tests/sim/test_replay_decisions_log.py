@@ -1,5 +1,5 @@
 """``fpm-planner replay --decisions-jsonl``: one line per tick and service of ours' decisions, matching what the
-replay reports; bad paths refused before the run."""
+replay reports; the flag without ours refused before the run (bad paths: tests/sim/test_replay_cli_checks.py)."""
 
 from __future__ import annotations
 
@@ -51,23 +51,6 @@ def test_the_log_has_a_line_per_tick_and_service_that_agrees_with_the_replay(tmp
     assert up.reasons[-1] == "scale_up"
     mover = next(s for s in up.stages if s.replicas != up.current_replicas)  # the stage that asked for more
     assert mover.reason is not None and mover.reason in up.reasons and mover.detail
-
-
-def test_a_log_path_that_is_a_directory_is_refused_before_the_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main([*SHORT_DISAGG, "--decisions-jsonl", str(tmp_path)]) == 2
-    out, err = capsys.readouterr()
-    assert f"--decisions-jsonl {tmp_path}: is a directory" in err and "Traceback" not in err
-    assert "attainment" not in out  # nothing ran
-
-
-def test_a_log_path_under_a_file_is_refused_before_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
-    assert main([*SHORT_DISAGG, "--decisions-jsonl", str(blocker / "d.jsonl")]) == 2
-    out, err = capsys.readouterr()
-    assert "--decisions-jsonl: cannot create directory" in err and "attainment" not in out
 
 
 def test_a_log_without_ours_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
